@@ -1,0 +1,108 @@
+"""Memory formation: one fragment prefilled alone in one forward pass.
+
+Two formations, because a fragment prefilled alone turns its first token into
+an attention sink that inflates its density:
+- ``reference`` (the authors' code): the first stored fragment is tokenized with
+  the tokenizer's special tokens and its first position becomes the memory's
+  sink (bos); later fragments are tokenized without special tokens.
+- ``shared_sink``: every fragment is prefilled behind one shared sink token whose
+  states are then dropped; the sink of the first fragment is kept once at
+  memory position 0.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from transformers import DynamicCache
+
+from methods.memory import Fragment, LatentMemory
+from methods.positions import decoder_of, rotary_tables, unrotate
+
+FORMATIONS = ("reference", "shared_sink")
+
+
+def sink_token_id(tokenizer) -> int:
+    """The token every fragment is formed behind under ``shared_sink``."""
+    for tid in (tokenizer.bos_token_id, tokenizer.eos_token_id):
+        if tid is not None:
+            return int(tid)
+    raise ValueError("the tokenizer has neither a bos nor an eos token to use as a sink")
+
+
+@contextmanager
+def capture_layer_inputs(model):
+    """Record the hidden-state input of every decoder layer during a forward."""
+    captured: list[torch.Tensor] = []
+
+    def hook(module, args, kwargs):
+        captured.append((args[0] if args else kwargs["hidden_states"]).detach())
+
+    handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in decoder_of(model).layers]
+    try:
+        yield captured
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class Former:
+    """Turns text into fragments of a `LatentMemory` with what the backend needs.
+
+    keep_kv: position-free keys/values (fast backend); keep_states: per-layer
+    inputs (hidden-prefix backend); neither: token ids only (text memory).
+    """
+
+    def __init__(self, model, tokenizer, formation: str = "shared_sink", keep_kv: bool = True,
+                 keep_states: bool = False):
+        if formation not in FORMATIONS:
+            raise ValueError(f"formation={formation!r} is not one of {FORMATIONS}")
+        self.model, self.tokenizer, self.formation = model, tokenizer, formation
+        self.keep_kv, self.keep_states = keep_kv, keep_states
+        self._next_id = 0
+
+    def token_ids(self, text: str, first: bool) -> torch.Tensor:
+        """The ids prefilled for `text`: a leading sink position where the formation has one."""
+        special = self.formation == "reference" and first
+        ids = self.tokenizer(text, add_special_tokens=special)["input_ids"]
+        if self.formation == "shared_sink":
+            ids = [sink_token_id(self.tokenizer), *ids]
+        return torch.tensor(ids, dtype=torch.long)
+
+    def store(self, memory: LatentMemory, text: str) -> Fragment:
+        """Form `text` and append it to `memory`; the first fragment also gives the sink."""
+        first = memory.sink is None
+        whole = self.form(self.token_ids(text, first), text)
+        has_sink_position = self.formation == "shared_sink" or first
+        if has_sink_position:
+            sink, whole = whole.take(torch.tensor([0])), whole.take(torch.arange(1, len(whole)))
+            if first:
+                memory.sink = sink
+        if len(whole) == 0:
+            raise ValueError(f"fragment {text[:40]!r} is empty after tokenization")
+        memory.append(whole)
+        return whole
+
+    @torch.no_grad()
+    def form(self, ids: torch.Tensor, text: str) -> Fragment:
+        """One forward pass over `ids` [T]: keys/values, layer inputs, self-information."""
+        fid, self._next_id = self._next_id, self._next_id + 1
+        if not (self.keep_kv or self.keep_states):
+            return Fragment(fid, text, ids, torch.full((len(ids),), float("inf")))
+        device = self.model.device
+        cache = DynamicCache()
+        with capture_layer_inputs(self.model) as inputs:
+            out = self.model(input_ids=ids.view(1, -1).to(device), past_key_values=cache, use_cache=True)
+        logp = torch.log_softmax(out.logits[0, :-1].float(), dim=-1)
+        nll = -logp.gather(1, ids[1:].view(-1, 1).to(device)).squeeze(1)
+        self_info = torch.cat([torch.tensor([float("inf")], device=device), nll]).cpu()
+        fragment = Fragment(fid, text, ids, self_info)
+        if self.keep_kv:
+            keys = torch.cat([layer.keys for layer in cache.layers])        # [L, kv, T, d]
+            cos, sin = rotary_tables(self.model, torch.arange(len(ids), device=device), keys)
+            fragment.keys = unrotate(keys, cos, sin).cpu()
+            fragment.values = torch.cat([layer.values for layer in cache.layers]).cpu()
+        if self.keep_states:
+            fragment.states = torch.cat(inputs).cpu()                      # [L, T, hidden]
+        return fragment

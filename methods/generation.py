@@ -1,0 +1,29 @@
+"""Greedy decoding from a prefilled cache, shared by every backend and method."""
+
+from __future__ import annotations
+
+import torch
+
+
+def stop_ids(model, tokenizer) -> set[int]:
+    """Every id that ends a turn: the tokenizer's eos and the generation config's."""
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    ids.update(configured if isinstance(configured, (list, tuple)) else [configured])
+    return {int(i) for i in ids if i is not None}
+
+
+@torch.no_grad()
+def greedy(model, logits: torch.Tensor, cache, position: int, max_new_tokens: int, stop: set[int]) -> list[int]:
+    """Continue greedily from the last row of `logits` [p, vocab] until a stop id or the budget."""
+    out: list[int] = []
+    next_id = int(logits[-1].argmax())
+    while len(out) < max_new_tokens and next_id not in stop:
+        out.append(next_id)
+        if len(out) == max_new_tokens:
+            break
+        step = model(input_ids=torch.tensor([[next_id]], device=model.device), past_key_values=cache,
+                     position_ids=torch.tensor([[position]], device=model.device), use_cache=True)
+        position += 1
+        next_id = int(step.logits[0, -1].argmax())
+    return out

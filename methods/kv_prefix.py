@@ -1,0 +1,97 @@
+"""The fast backend: stored keys/values as a per-layer prefix, positions given at query time.
+
+Mathematically the paper's hidden-prefix formulation: at layer l the prompt
+only ever sees the memory through the keys and values that layer computes from
+the stored states, and those do not depend on anything after them. So the
+prefix is never pushed through the network again: its position-free keys are
+rotated to the contiguous positions of the current order and only the prompt runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from methods.memory import LatentMemory
+from methods.positions import rotary_tables, rotate
+from methods.tracing import recording_attention, until_stopped
+
+
+class PrefixLayer(DynamicLayer):
+    """A cache layer preloaded with the memory and with room to grow in place.
+
+    buffer: [1, kv_heads, capacity, head_dim]; keys/values are views of the filled part.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int):
+        super().__init__()
+        self._k, self._v, self.filled = keys, values, filled
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self._expose()
+
+    def _expose(self):
+        self.keys, self.values = self._k[:, :, : self.filled], self._v[:, :, : self.filled]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        end = self.filled + key_states.shape[-2]
+        if end > self._k.shape[2]:
+            grow = max(end - self._k.shape[2], self._k.shape[2] // 2)
+            self._k = torch.cat([self._k, self._k.new_empty(*self._k.shape[:2], grow, self._k.shape[3])], dim=2)
+            self._v = torch.cat([self._v, self._v.new_empty(*self._v.shape[:2], grow, self._v.shape[3])], dim=2)
+        self._k[:, :, self.filled:end] = key_states
+        self._v[:, :, self.filled:end] = value_states
+        self.filled = end
+        self._expose()
+        return self.keys, self.values
+
+
+class KVPrefixBackend:
+    """Runs prompts against a memory given as rotated keys/values."""
+
+    name = "fast"
+    keep_kv, keep_states = True, False
+
+    def __init__(self, model):
+        self.model = model
+
+    def cache(self, memory: LatentMemory, room: int, layers: int | None = None) -> Cache:
+        """A cache holding the memory of `layers` first layers at positions 0..N, with `room` to grow."""
+        n_layers = layers or self.model.config.get_text_config().num_hidden_layers
+        frags = [memory.sink, *memory.fragments]
+        total = sum(len(f) for f in frags)
+        ref = memory.sink.keys
+        device = self.model.device
+        keys = ref.new_empty(n_layers, ref.shape[1], total + room, ref.shape[3], device=device)
+        values = torch.empty_like(keys)
+        cos, sin = rotary_tables(self.model, torch.arange(total, device=device), keys)
+        start = 0
+        for f in frags:
+            end = start + len(f)
+            keys[:, :, start:end] = rotate(f.keys[:n_layers].to(device), cos[start:end], sin[start:end])
+            values[:, :, start:end] = f.values[:n_layers].to(device)
+            start = end
+        return Cache(layers=[PrefixLayer(keys[i:i + 1], values[i:i + 1], total) for i in range(n_layers)])
+
+    @torch.no_grad()
+    def prefill(self, memory: LatentMemory, prompt_ids: torch.Tensor, room: int = 64):
+        """Prompt logits [p, vocab], the cache to decode with, and the next position."""
+        cache = self.cache(memory, room=len(prompt_ids) + room)
+        start = 1 + memory.n_tokens
+        out = self.model(input_ids=prompt_ids.view(1, -1).to(self.model.device), past_key_values=cache,
+                         position_ids=self._positions(start, len(prompt_ids)), use_cache=True)
+        return out.logits[0], cache, start + len(prompt_ids)
+
+    @torch.no_grad()
+    def attention_rows(self, memory: LatentMemory, prompt_ids: torch.Tensor, layers: list[int]):
+        """Head-averaged prompt rows [p, 1+N+p] of `layers`; stops after the last of them."""
+        upto = max(layers) + 1
+        cache = self.cache(memory, room=len(prompt_ids), layers=upto)
+        start = 1 + memory.n_tokens
+        with recording_attention(self.model, layers) as rows:
+            until_stopped(self.model, input_ids=prompt_ids.view(1, -1).to(self.model.device),
+                          past_key_values=cache, position_ids=self._positions(start, len(prompt_ids)),
+                          use_cache=True)
+        return rows
+
+    def _positions(self, start: int, length: int) -> torch.Tensor:
+        return torch.arange(start, start + length, device=self.model.device).view(1, -1)

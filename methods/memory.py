@@ -1,0 +1,109 @@
+"""The latent memory store: an ordered list of fragments behind one sink.
+
+Per-fragment storage is separate from the container; container operations are
+loops over fragments. Position p = 0 of a memory is the sink (the paper's bos),
+fragments follow in the current order at positions 1..N.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class Fragment:
+    """One stored knowledge fragment of T tokens.
+
+    keys, values: [layers, kv_heads, T, head_dim], position-free (RoPE removed), or None.
+    states:       [layers, T, hidden], the input of every decoder layer, or None.
+    self_info:    [T] nats, -log p(token | its own preceding tokens); inf where unknown.
+    """
+
+    fid: int
+    text: str
+    token_ids: torch.Tensor
+    self_info: torch.Tensor
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    states: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    def take(self, positions: torch.Tensor) -> "Fragment":
+        """The fragment restricted to `positions` (sorted), at every layer alike."""
+        def pick(t, dim):
+            return None if t is None else t.index_select(dim, positions)
+        return replace(
+            self, token_ids=self.token_ids[positions], self_info=self.self_info[positions],
+            keys=pick(self.keys, 2), values=pick(self.values, 2), states=pick(self.states, 1),
+        )
+
+
+@dataclass
+class LatentMemory:
+    """Fragments in their current order behind one sink (a 1-token fragment)."""
+
+    sink: Fragment | None = None
+    fragments: list[Fragment] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.fragments)
+
+    @property
+    def n_tokens(self) -> int:
+        """Stored memory positions N (the sink excluded)."""
+        return sum(len(f) for f in self.fragments)
+
+    def append(self, fragment: Fragment) -> None:
+        self.fragments.append(fragment)
+
+    def ids(self) -> list[int]:
+        return [f.fid for f in self.fragments]
+
+    def spans(self) -> list[tuple[int, int]]:
+        """[start, end) memory positions of each fragment; the sink holds position 0."""
+        out, start = [], 1
+        for f in self.fragments:
+            out.append((start, start + len(f)))
+            start += len(f)
+        return out
+
+    def arranged(self, order: list[int]) -> "LatentMemory":
+        """A view with fragments at indices `order` (earliest first); a subset filters."""
+        if len(set(order)) != len(order) or any(not 0 <= i < len(self) for i in order):
+            raise ValueError(f"order {order} is not a selection of distinct indices in [0, {len(self)})")
+        return LatentMemory(self.sink, [self.fragments[i] for i in order])
+
+    def reorder(self, order: list[int]) -> None:
+        """Rearrange in place; `order` must be a permutation of range(len(self))."""
+        if sorted(order) != list(range(len(self))):
+            raise ValueError(f"order {order} is not a permutation of range({len(self)})")
+        self.fragments = [self.fragments[i] for i in order]
+
+    def keep(self, index: int, positions: torch.Tensor) -> None:
+        """Evict from fragment `index` every token not in `positions` (coherent across layers)."""
+        self.fragments[index] = self.fragments[index].take(positions)
+
+    def stacked(self, name: str, dim: int) -> torch.Tensor:
+        """Sink and fragments' tensor `name` concatenated along their token dim."""
+        parts = [getattr(f, name) for f in [self.sink, *self.fragments]]
+        if any(p is None for p in parts):
+            raise ValueError(f"this memory was formed without '{name}'; form it for this backend")
+        return torch.cat(parts, dim=dim)
+
+    def save(self, path: str | Path) -> None:
+        torch.save({"sink": _as_dict(self.sink), "fragments": [_as_dict(f) for f in self.fragments]}, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "LatentMemory":
+        data = torch.load(path, weights_only=True)
+        sink = Fragment(**data["sink"]) if data["sink"] else None
+        return cls(sink, [Fragment(**d) for d in data["fragments"]])
+
+
+def _as_dict(fragment: Fragment | None) -> dict | None:
+    return None if fragment is None else {f.name: getattr(fragment, f.name) for f in fields(fragment)}

@@ -1,0 +1,109 @@
+"""Attention density (paper Eq. 2, App. B): how much the prompt attends to each fragment.
+
+The prompt-to-sequence attention rows are taken from inside the model's own
+attention call, so every family's details (biases, QK-norm, logit soft-capping,
+sliding windows, query scaling) are exactly the model's. Only the |p| x S rows
+of the prompt are built, never an S x S matrix, and the forward stops after the
+last layer asked for.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+
+import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+QUERY_MODES = ("last", "mean")
+
+
+class StopForward(Exception):
+    """Raised inside the forward once every traced layer has been seen."""
+
+
+def prompt_attention_rows(module, query, key, attention_mask, scaling=None, softcap=None, **_):
+    """Head-averaged attention of the queries over all keys: [q_len, kv_len], fp32.
+
+    query: [1, heads, q_len, d]; key: [1, kv_heads, kv_len, d]; the queries are
+    the last q_len positions of the kv_len keys.
+    """
+    heads, q_len, kv_len = query.shape[1], query.shape[2], key.shape[2]
+    key = key.repeat_interleave(heads // key.shape[1], dim=1)
+    scores = torch.matmul(query, key.transpose(2, 3)).float() * (scaling or query.shape[-1] ** -0.5)
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is None:
+        q_pos = torch.arange(kv_len - q_len, kv_len, device=query.device).view(-1, 1)
+        blocked = torch.arange(kv_len, device=query.device).view(1, -1) > q_pos
+        scores = scores.masked_fill(blocked, float("-inf"))
+    elif attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask[..., -kv_len:], float("-inf"))
+    else:
+        scores = scores + attention_mask[..., -kv_len:].float()
+    return torch.softmax(scores, dim=-1).mean(dim=1)[0]
+
+
+@contextmanager
+def recording_attention(model, layers: list[int]):
+    """Record `prompt_attention_rows` of `layers` (decoder indices) during a forward.
+
+    Yields a dict layer -> [q_len, kv_len]; the forward raises StopForward after
+    the last of them, so the caller runs it inside `until_stopped`.
+    """
+    impl = model.config._attn_implementation
+    had_local = impl in ALL_ATTENTION_FUNCTIONS._local_mapping
+    previous = ALL_ATTENTION_FUNCTIONS._local_mapping.get(impl)
+    rows: dict[int, torch.Tensor] = {}
+    wanted, last = set(layers), max(layers)
+
+    def traced(module, query, key, value, attention_mask, **kwargs):
+        idx = module.layer_idx
+        if idx in wanted:
+            rows[idx] = prompt_attention_rows(module, query, key, attention_mask, **kwargs)
+            if idx == last:
+                raise StopForward
+        return _inner(impl, module)(module, query, key, value, attention_mask, **kwargs)
+
+    ALL_ATTENTION_FUNCTIONS[impl] = traced
+    try:
+        yield rows
+    finally:
+        if had_local:
+            ALL_ATTENTION_FUNCTIONS[impl] = previous
+        else:
+            del ALL_ATTENTION_FUNCTIONS[impl]
+
+
+def _inner(impl: str, module):
+    """The attention function the model would have called without tracing."""
+    if impl in ALL_ATTENTION_FUNCTIONS._global_mapping:
+        return ALL_ATTENTION_FUNCTIONS._global_mapping[impl]
+    return sys.modules[type(module).__module__].eager_attention_forward
+
+
+def until_stopped(fn, *args, **kwargs) -> None:
+    try:
+        fn(*args, **kwargs)
+    except StopForward:
+        pass
+
+
+def densities(rows: torch.Tensor, spans: list[tuple[int, int]], query_mode: str) -> torch.Tensor:
+    """Eq. 2: per-fragment mean attention, from rows [p, S] of one layer.
+
+    spans: [start, end) memory positions per fragment (the sink at 0 is excluded).
+    query_mode: 'last' (the prompt's last token) or 'mean' (all prompt tokens, App. B.2).
+    """
+    if query_mode not in QUERY_MODES:
+        raise ValueError(f"query_mode={query_mode!r} is not one of {QUERY_MODES}")
+    a = rows[-1] if query_mode == "last" else rows.mean(dim=0)
+    return torch.stack([a[s:e].mean() for s, e in spans])
+
+
+def ranks(values: torch.Tensor) -> torch.Tensor:
+    """1-based rank of each fragment, densest first (ties keep the earlier fragment first)."""
+    order = torch.argsort(-values, stable=True)
+    out = torch.empty_like(order)
+    out[order] = torch.arange(1, len(values) + 1)
+    return out
