@@ -1,0 +1,111 @@
+"""Knowledge retention (paper Sec. 2.2 and 5.1), as its authors ran it.
+
+A group stores its target context first, then `updates - 1` unrelated contexts
+(the same sequence for every group); after each update (or at `eval_steps`) the
+target's question is asked. Correct when the gold answer is a case-insensitive
+substring of the output.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from evals import datasets
+from harness.errors import ConfigError
+from methods.tracing import ranks
+
+
+@dataclass(frozen=True)
+class Group:
+    index: int
+    target: datasets.QAItem
+    distractors: tuple[str, ...]
+
+
+def is_correct(answer: str, output: str) -> bool:
+    return answer.strip().lower() in output.lower()
+
+
+class Retention:
+    """targets: items whose context fits `max_context_tokens` (seeded shuffle, first `groups`);
+    distractors are cut to `max_context_tokens` tokens."""
+
+    def __init__(self, dataset: str = "synthetic", data_dir: str | None = None, groups: int = 20,
+                 updates: int = 20, eval_steps: list[int] | None = None, shuffle: bool = True,
+                 seed: int = 42, max_context_tokens: int = 512):
+        if groups < 1 or updates < 1:
+            raise ConfigError(f"task.groups={groups} and task.updates={updates} must both be >= 1")
+        steps = sorted(set(eval_steps)) if eval_steps else list(range(1, updates + 1))
+        if steps[0] < 1 or steps[-1] > updates:
+            raise ConfigError(f"task.eval_steps={list(eval_steps)} must lie in 1..task.updates={updates}")
+        self.dataset, self.data_dir, self.n_groups, self.updates = dataset, data_dir, groups, updates
+        self.eval_steps, self.shuffle, self.seed = steps, shuffle, seed
+        self.max_context_tokens = max_context_tokens
+
+    def groups(self, tokenizer) -> list[Group]:
+        """The groups of this run; raises ConfigError when the data cannot supply them."""
+        data = datasets.load(self.dataset, self.data_dir, self.seed)
+        targets, unrelated = list(data.targets), list(data.unrelated)
+        rng = random.Random(self.seed)
+        rng.shuffle(targets)
+        rng.shuffle(unrelated)
+        fits = (t for t in targets if len(tokenizer(t.context)["input_ids"]) <= self.max_context_tokens)
+        chosen = [t for _, t in zip(range(self.n_groups), fits)]
+        if len(chosen) < self.n_groups or len(unrelated) < self.updates - 1:
+            raise ConfigError(
+                f"task.dataset={self.dataset!r} offers {len(chosen)} targets within {self.max_context_tokens} "
+                f"tokens and {len(unrelated)} unrelated contexts; task.groups={self.n_groups} and "
+                f"task.updates={self.updates} need {self.n_groups} and {self.updates - 1}")
+        distractors = tuple(self._cut(tokenizer, u) + "\n\n" for u in unrelated[: self.updates - 1])
+        return [Group(i, t, distractors) for i, t in enumerate(chosen)]
+
+    def _cut(self, tokenizer, text: str) -> str:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"][: self.max_context_tokens]
+        return tokenizer.decode(ids)
+
+    def metrics(self, records: list[dict]):
+        return accuracy_by_step(records)
+
+    def run_group(self, session, group: Group) -> Iterator[dict]:
+        """Store, shuffle, ask: one record per evaluated step."""
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + group.index)
+        target_id = session.store(group.target.context + "\n\n")
+        texts = [None, *group.distractors]
+        for step in range(1, self.updates + 1):
+            if step > 1:
+                session.store(texts[step - 1])
+            if self.shuffle:
+                session.shuffle(generator)
+            if step not in self.eval_steps:
+                continue
+            answer = session.ask(group.target.question)
+            yield {
+                "group": group.index, "step": step, "question": group.target.question,
+                "gold": group.target.answer, "output": answer.text,
+                "correct": is_correct(group.target.answer, answer.text),
+                "memory_tokens": session.memory.n_tokens, "used_tokens": answer.memory_tokens,
+                "target_rank": _rank_of(target_id, answer.densities),
+                "target_position": session.memory.ids().index(target_id) + 1,
+                "seconds": answer.seconds,
+            }
+
+
+def _rank_of(fid: int, densities: dict[int, float]) -> int | None:
+    if not densities:
+        return None
+    ids = list(densities)
+    return int(ranks(torch.tensor([densities[i] for i in ids]))[ids.index(fid)])
+
+
+def accuracy_by_step(records: list[dict]):
+    """Metrics table: accuracy, mean target rank and memory size per step."""
+    import pandas as pd
+
+    frame = pd.DataFrame(records)
+    return frame.groupby("step").agg(accuracy=("correct", "mean"), n=("correct", "size"),
+                                     target_rank=("target_rank", "mean"),
+                                     memory_tokens=("memory_tokens", "mean")).reset_index()

@@ -1,0 +1,95 @@
+"""One run: a method plugin on a task plugin with one model. Never branches on which."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from harness.errors import ConfigError
+from harness.models import ModelSpec, check_source, load, num_layers
+from harness.results import ResultFolder, peak_memory_mb
+from methods.formation import FORMATIONS
+from methods.hidden_prefix import HiddenPrefixBackend
+from methods.kv_prefix import KVPrefixBackend
+from methods.session import Session, format_prompt
+
+log = logging.getLogger(__name__)
+BACKENDS = {"fast": KVPrefixBackend, "hidden_prefix": HiddenPrefixBackend}
+
+
+def _build(node: DictConfig, what: str, **kwargs):
+    """Instantiate a plugin config; a bad value becomes a ConfigError naming it."""
+    fields = OmegaConf.to_container(node, resolve=True)
+    fields.pop("label", None)
+    try:
+        return instantiate(fields, **kwargs)
+    except Exception as err:  # noqa: BLE001 - Hydra wraps the constructor's ValueError
+        cause = err.__cause__ or err
+        if isinstance(cause, (ValueError, TypeError)):
+            raise ConfigError(f"{what}: {cause}") from None
+        raise
+
+
+def preflight(cfg: DictConfig):
+    """Every check that can fail on input, before any model weight is loaded."""
+    if cfg.backend not in BACKENDS:
+        raise ConfigError(f"backend={cfg.backend!r} is not one of {sorted(BACKENDS)}")
+    if cfg.formation not in FORMATIONS:
+        raise ConfigError(f"formation={cfg.formation!r} is not one of {FORMATIONS}")
+    if cfg.max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} must be >= 1")
+    spec = ModelSpec(**cfg.model)
+    model_config = check_source(spec)
+    method = _build(cfg.method, "method")
+    try:
+        method.check(num_layers(model_config))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    task = _build(cfg.task, "task")
+    return spec, method, task
+
+
+def run(cfg: DictConfig, run_dir: str) -> float:
+    """Run the task with the method; returns the accuracy at the last evaluated step."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    spec, method, task = preflight(cfg)
+    model, tokenizer = load(spec)
+    try:
+        format_prompt(tokenizer, "?", cfg.prompt)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    groups = task.groups(tokenizer)
+    backend = BACKENDS[cfg.backend](model)
+    folder = ResultFolder(run_dir, cfg)
+    label = cfg.method.label
+    records, group_seconds = [], []
+    for group in tqdm(groups, desc=f"{label} groups", unit="group"):
+        session = Session(model, tokenizer, backend, method, cfg.formation, cfg.prompt, cfg.max_new_tokens)
+        start = time.perf_counter()
+        for record in task.run_group(session, group):
+            record["method"] = label
+            folder.add(record)
+            records.append(record)
+        group_seconds.append(time.perf_counter() - start)
+    metrics = task.metrics(records)
+    metrics.insert(0, "method", label)
+    info = {"method": label, "model": spec.name, "backend": cfg.backend, "formation": cfg.formation,
+            "prompt": cfg.prompt, "groups": len(groups), "threads": torch.get_num_threads(),
+            "seconds": {"total": sum(group_seconds), "per_group": sum(group_seconds) / len(groups)},
+            "peak_memory": peak_memory_mb()}
+    folder.finish(metrics, info)
+    logger = instantiate(cfg.logger, _partial_=True)(run_dir=run_dir,
+                                                     run_config=OmegaConf.to_container(cfg, resolve=True))
+    logger.log_run(metrics, records, info)
+    print(f"\n{label} on {cfg.task.dataset} ({len(groups)} groups, model {spec.name}, backend {cfg.backend}, "
+          f"prompt {cfg.prompt}, formation {cfg.formation})")
+    print(metrics.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"results: {run_dir}")
+    return float(metrics["accuracy"].iloc[-1])

@@ -1,0 +1,79 @@
+"""One model, one backend, one method and one memory: store fragments, answer questions.
+
+This is the shared machinery every method uses; methods only choose the Plan.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from methods.base import Method
+from methods.formation import Former
+from methods.generation import greedy, stop_ids
+from methods.memory import LatentMemory
+
+PROMPT_STYLES = ("plain", "chat")
+
+
+def format_prompt(tokenizer, question: str, style: str) -> torch.Tensor:
+    """Prompt ids: the authors' plain `question + " Answer: "`, or the tokenizer's chat template."""
+    if style == "plain":
+        text = question + " Answer: "
+    elif style == "chat":
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("prompt='chat' needs a tokenizer with a chat template; use prompt='plain'")
+        text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                             add_generation_prompt=True)
+    else:
+        raise ValueError(f"prompt={style!r} is not one of {PROMPT_STYLES}")
+    return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+
+
+@dataclass
+class Answer:
+    text: str
+    memory_tokens: int            # memory positions the answer was generated with (text ones included)
+    densities: dict[int, float]   # fragment id -> attention density, where the method traced
+    seconds: dict[str, float]     # per phase: plan (tracing + defragmentation), generate
+
+
+class Session:
+    def __init__(self, model, tokenizer, backend, method: Method, formation: str, prompt: str,
+                 max_new_tokens: int = 32):
+        self.model, self.tokenizer, self.backend, self.method = model, tokenizer, backend, method
+        self.prompt, self.max_new_tokens = prompt, max_new_tokens
+        latent = method.needs_latent
+        self.former = Former(model, tokenizer, formation, keep_kv=latent and backend.keep_kv,
+                             keep_states=latent and backend.keep_states)
+        self.memory = LatentMemory()
+        self._stop = stop_ids(model, tokenizer)
+
+    def store(self, text: str) -> int:
+        """Form and append one fragment; returns its id."""
+        return self.former.store(self.memory, text).fid
+
+    def shuffle(self, generator: torch.Generator) -> None:
+        self.memory.reorder(torch.randperm(len(self.memory), generator=generator).tolist())
+
+    @torch.no_grad()
+    def ask(self, question: str) -> Answer:
+        prompt_ids = format_prompt(self.tokenizer, question, self.prompt)
+        t0 = time.perf_counter()
+        plan = self.method.plan(self.memory, prompt_ids, self.backend)
+        t1 = time.perf_counter()
+        if plan.latent is not None:
+            logits, cache, position = self.backend.prefill(plan.latent, prompt_ids, room=self.max_new_tokens)
+            memory_tokens = 1 + plan.latent.n_tokens
+        else:
+            ids = prompt_ids if plan.text_ids is None else torch.cat([plan.text_ids, prompt_ids])
+            out = self.model(input_ids=ids.view(1, -1).to(self.model.device), use_cache=True)
+            logits, cache, position = out.logits[0], out.past_key_values, len(ids)
+            memory_tokens = len(ids) - len(prompt_ids)
+        new_ids = greedy(self.model, logits, cache, position, self.max_new_tokens, self._stop)
+        t2 = time.perf_counter()
+        dens = {} if plan.densities is None else dict(zip(self.memory.ids(), plan.densities.tolist()))
+        return Answer(self.tokenizer.decode(new_ids, skip_special_tokens=True), memory_tokens, dens,
+                      {"plan": t1 - t0, "generate": t2 - t1})
