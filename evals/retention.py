@@ -77,7 +77,7 @@ class Retention:
         texts = [None, *group.distractors]
         for step in range(1, self.updates + 1):
             if step > 1:
-                session.store(texts[step - 1])
+                session.store(texts[step - 1], reuse=True)
             if self.shuffle:
                 session.shuffle(generator)
             if step not in self.eval_steps:

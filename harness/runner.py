@@ -69,9 +69,10 @@ def run(cfg: DictConfig, run_dir: str) -> float:
     backend = BACKENDS[cfg.backend](model)
     folder = ResultFolder(run_dir, cfg)
     label = cfg.method.label
-    records, group_seconds = [], []
+    records, group_seconds, formed = [], [], {}
     for group in tqdm(groups, desc=f"{label} groups", unit="group"):
-        session = Session(model, tokenizer, backend, method, cfg.formation, cfg.prompt, cfg.max_new_tokens)
+        session = Session(model, tokenizer, backend, method, cfg.formation, cfg.prompt, cfg.max_new_tokens,
+                          reuse=formed)
         start = time.perf_counter()
         for record in task.run_group(session, group):
             record["method"] = label

@@ -13,6 +13,7 @@ an attention sink that inflates its density:
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 from transformers import DynamicCache
@@ -55,12 +56,16 @@ class Former:
     """
 
     def __init__(self, model, tokenizer, formation: str = "shared_sink", keep_kv: bool = True,
-                 keep_states: bool = False):
+                 keep_states: bool = False, reuse: dict | None = None):
         if formation not in FORMATIONS:
             raise ValueError(f"formation={formation!r} is not one of {FORMATIONS}")
         self.model, self.tokenizer, self.formation = model, tokenizer, formation
         self.keep_kv, self.keep_states = keep_kv, keep_states
         self._next_id = 0
+        self._reuse = {} if reuse is None else reuse
+
+    def __repr__(self) -> str:
+        return f"Former({self.formation}, kv={self.keep_kv}, states={self.keep_states})"
 
     def token_ids(self, text: str, first: bool) -> torch.Tensor:
         """The ids prefilled for `text`: a leading sink position where the formation has one."""
@@ -70,10 +75,14 @@ class Former:
             ids = [sink_token_id(self.tokenizer), *ids]
         return torch.tensor(ids, dtype=torch.long)
 
-    def store(self, memory: LatentMemory, text: str) -> Fragment:
-        """Form `text` and append it to `memory`; the first fragment also gives the sink."""
+    def store(self, memory: LatentMemory, text: str, reuse: bool = False) -> Fragment:
+        """Form `text` and append it to `memory`; the first fragment also gives the sink.
+
+        reuse: keep the formed states to serve the same text again (formation is
+        deterministic), e.g. distractors that every group stores.
+        """
         first = memory.sink is None
-        whole = self.form(self.token_ids(text, first), text)
+        whole = self.form(self.token_ids(text, first), text, reuse)
         has_sink_position = self.formation == "shared_sink" or first
         if has_sink_position:
             sink, whole = whole.take(torch.tensor([0])), whole.take(torch.arange(1, len(whole)))
@@ -85,9 +94,18 @@ class Former:
         return whole
 
     @torch.no_grad()
-    def form(self, ids: torch.Tensor, text: str) -> Fragment:
+    def form(self, ids: torch.Tensor, text: str, reuse: bool = False) -> Fragment:
         """One forward pass over `ids` [T]: keys/values, layer inputs, self-information."""
         fid, self._next_id = self._next_id, self._next_id + 1
+        key = (repr(self), tuple(ids.tolist()))
+        if key in self._reuse:
+            return replace(self._reuse[key], fid=fid, text=text)
+        fragment = self._prefill(ids, text, fid)
+        if reuse:
+            self._reuse[key] = fragment
+        return fragment
+
+    def _prefill(self, ids: torch.Tensor, text: str, fid: int) -> Fragment:
         if not (self.keep_kv or self.keep_states):
             return Fragment(fid, text, ids, torch.full((len(ids),), float("inf")))
         device = self.model.device

@@ -42,18 +42,18 @@ class Answer:
 
 class Session:
     def __init__(self, model, tokenizer, backend, method: Method, formation: str, prompt: str,
-                 max_new_tokens: int = 32):
+                 max_new_tokens: int = 32, reuse: dict | None = None):
         self.model, self.tokenizer, self.backend, self.method = model, tokenizer, backend, method
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
         latent = method.needs_latent
         self.former = Former(model, tokenizer, formation, keep_kv=latent and backend.keep_kv,
-                             keep_states=latent and backend.keep_states)
+                             keep_states=latent and backend.keep_states, reuse=reuse)
         self.memory = LatentMemory()
         self._stop = stop_ids(model, tokenizer)
 
-    def store(self, text: str) -> int:
-        """Form and append one fragment; returns its id."""
-        return self.former.store(self.memory, text).fid
+    def store(self, text: str, reuse: bool = False) -> int:
+        """Form and append one fragment; returns its id. reuse: the text recurs (see Former.store)."""
+        return self.former.store(self.memory, text, reuse).fid
 
     def shuffle(self, generator: torch.Generator) -> None:
         self.memory.reorder(torch.randperm(len(self.memory), generator=generator).tolist())
