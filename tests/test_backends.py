@@ -1,0 +1,74 @@
+"""The fast backend is the paper's hidden-prefix formulation, exactly, on every family."""
+
+import pytest
+import torch
+
+from methods.formation import Former
+from methods.generation import greedy
+from methods.hidden_prefix import HiddenPrefixBackend
+from methods.kv_prefix import KVPrefixBackend
+from methods.memory import LatentMemory
+from methods.tracing import densities
+from tests.conftest import FRAGMENTS
+
+VIEWS = {"vanilla": None, "reordered_top2": [4, 0], "reordered_all": [2, 1, 0, 4, 3]}
+
+
+def formed(model, tokenizer, formation, texts=FRAGMENTS):
+    former = Former(model, tokenizer, formation, keep_kv=True, keep_states=True)
+    memory = LatentMemory()
+    for text in texts:
+        former.store(memory, text)
+    return memory
+
+
+@pytest.mark.parametrize("formation", ["reference", "shared_sink"])
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_fast_equals_hidden_prefix(family_model, tokenizer, formation, view):
+    memory = formed(family_model, tokenizer, formation)
+    if VIEWS[view] is not None:
+        memory = memory.arranged(VIEWS[view])
+    prompt = torch.tensor(tokenizer("where is the cat?", add_special_tokens=False)["input_ids"])
+    fast, ref = KVPrefixBackend(family_model), HiddenPrefixBackend(family_model)
+    fast_logits, fast_cache, fast_pos = fast.prefill(memory, prompt)
+    ref_logits, ref_cache, ref_pos = ref.prefill(memory, prompt)
+    assert fast_pos == ref_pos == 1 + memory.n_tokens + len(prompt)
+    torch.testing.assert_close(fast_logits, ref_logits, atol=1e-4, rtol=0)
+    stop = {tokenizer.eos_token_id}
+    assert greedy(family_model, fast_logits, fast_cache, fast_pos, 8, stop) == \
+        greedy(family_model, ref_logits, ref_cache, ref_pos, 8, stop)
+    layers = list(range(family_model.config.num_hidden_layers))
+    fast_rows = fast.attention_rows(memory, prompt, layers)
+    ref_rows = ref.attention_rows(memory, prompt, layers)               # eager attention weights
+    for layer in layers:
+        for mode in ("last", "mean"):
+            torch.testing.assert_close(densities(fast_rows[layer], memory.spans(), mode),
+                                       densities(ref_rows[layer], memory.spans(), mode), atol=1e-5, rtol=0)
+
+
+def test_fast_backend_never_recomputes_the_prefix(llama, tokenizer):
+    """Only the prompt's positions go through the network."""
+    memory = formed(llama, tokenizer, "shared_sink")
+    seen = []
+    handle = llama.model.layers[0].register_forward_pre_hook(lambda m, a, k: seen.append(
+        (a[0] if a else k["hidden_states"]).shape[1]), with_kwargs=True)
+    try:
+        KVPrefixBackend(llama).prefill(memory, torch.tensor([5, 6, 7]))
+    finally:
+        handle.remove()
+    assert seen == [3]
+
+
+def test_tracing_stops_at_the_traced_layer(llama, tokenizer):
+    memory = formed(llama, tokenizer, "shared_sink")
+    ran = []
+    handles = [layer.register_forward_pre_hook(lambda m, a, k, i=i: ran.append(i), with_kwargs=True)
+               for i, layer in enumerate(llama.model.layers)]
+    try:
+        rows = KVPrefixBackend(llama).attention_rows(memory, torch.tensor([5, 6, 7]), [0, 1])
+    finally:
+        for h in handles:
+            h.remove()
+    assert ran == [0, 1] and sorted(rows) == [0, 1]                   # all layers from one forward
+    assert rows[1].shape == (3, 1 + memory.n_tokens + 3)
+    torch.testing.assert_close(rows[1].sum(-1), torch.ones(3))

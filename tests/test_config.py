@@ -1,0 +1,60 @@
+"""Every shipped config composes; bad input stops in preflight with one clear message."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from harness.errors import ConfigError
+from harness.runner import _build, preflight
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def composed(*overrides):
+    with initialize_config_module("conf", version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("group", ["method", "task", "logger"])
+def test_every_plugin_config_instantiates(group):
+    for path in sorted((CONF / group).glob("*.yaml")):
+        cfg = composed(f"{group}={path.stem}")
+        if group == "logger":
+            assert callable(_build(cfg.logger, "logger", _partial_=True))
+        else:
+            _build(cfg[group], group)
+
+
+def test_every_model_config_composes():
+    for path in sorted((CONF / "model").glob("*.yaml")):
+        overrides = ["model.source=x", "model.tracer_layer=1"] if path.stem == "hf" else []
+        cfg = composed(f"model={path.stem}", *overrides)
+        assert cfg.model.source and cfg.method.tracer_layer == cfg.model.tracer_layer
+
+
+def test_memdefrag_labels_name_k():
+    assert composed("method=memdefrag_top1").method.label == "memdefrag_top1"
+    assert composed("method=memdefrag", "method.k=all").method.label == "memdefrag_topall"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.source=/no/such/model"], "model.source='/no/such/model' cannot be loaded"),
+    (["model=hf", "model.source=nobody/not-a-model-xyz", "model.tracer_layer=3"], "cannot be loaded"),
+    (["method.tracer_layer=30"], r"tracer_layer=30 is out of range.*0\.\.29"),
+    (["method.tracer_layer=-1"], "out of range"),
+    (["method.k=0"], "method.k=0 is not allowed"),
+    (["method.query_mode=first"], "query_mode='first' is not one of"),
+    (["backend=slow"], "backend='slow' is not one of"),
+    (["formation=joint"], "formation='joint' is not one of"),
+    (["task.eval_steps=[0]"], "eval_steps"),
+])
+def test_bad_input_is_refused_before_work(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        preflight(composed(*overrides))
+
+
+def test_a_missing_data_directory_is_named(tmp_path):
+    spec, method, task = preflight(composed("task.dataset=nqa", f"task.data_dir={tmp_path / 'nowhere'}"))
+    with pytest.raises(ConfigError, match="nowhere"):
+        task.groups(lambda text: {"input_ids": [0]})
