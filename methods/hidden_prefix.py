@@ -15,6 +15,7 @@ from transformers import DynamicCache
 
 from methods.memory import LatentMemory
 from methods.positions import decoder_of
+from methods.tracing import StopForward, until_stopped
 
 
 @contextmanager
@@ -82,8 +83,22 @@ class HiddenPrefixBackend:
 
     @torch.no_grad()
     def attention_rows(self, memory: LatentMemory, prompt_ids: torch.Tensor, layers: list[int]):
-        """Head-averaged prompt rows [p, S] of `layers`, read off eager attention weights."""
-        with eager_attention(self.model):
-            out, _ = self._run(memory, prompt_ids, output_attentions=True, use_cache=False)
-        p = len(prompt_ids)
-        return {l: out.attentions[l][0, :, -p:].float().mean(dim=0) for l in layers}
+        """Head-averaged prompt rows [p, S] of `layers`, read off eager attention weights [heads, S, S]."""
+        p, rows, last = len(prompt_ids), {}, max(layers)
+
+        def make_hook(index):
+            def hook(module, args, output):
+                rows[index] = output[1][0, :, -p:].float().mean(dim=0)
+                if index == last:
+                    raise StopForward
+            return hook
+
+        attention = [decoder_of(self.model).layers[l].self_attn for l in layers]
+        handles = [a.register_forward_hook(make_hook(l)) for a, l in zip(attention, layers)]
+        try:
+            with eager_attention(self.model):
+                until_stopped(self._run, memory, prompt_ids, use_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+        return rows
