@@ -69,7 +69,7 @@ class Session:
             memory_tokens = 1 + plan.latent.n_tokens
         else:
             ids = prompt_ids if plan.text_ids is None else torch.cat([plan.text_ids, prompt_ids])
-            out = self.model(input_ids=ids.view(1, -1).to(self.model.device), use_cache=True)
+            out = self.model(input_ids=ids.view(1, -1).to(self.model.device), use_cache=True, logits_to_keep=1)
             logits, cache, position = out.logits[0], out.past_key_values, len(ids)
             memory_tokens = len(ids) - len(prompt_ids)
         new_ids = greedy(self.model, logits, cache, position, self.max_new_tokens, self._stop)
