@@ -33,6 +33,7 @@ class ModelSpec:
     device_map: str | None = None
     tracer_layer: int | None = None
     query_mode: str = "last"
+    memory_capacity: int | None = None
 
 
 def cache_dir() -> Path:

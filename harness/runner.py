@@ -13,6 +13,7 @@ from tqdm import tqdm
 from harness.errors import ConfigError
 from harness.models import ModelSpec, check_source, load, num_layers
 from harness.results import ResultFolder, peak_memory_mb
+from methods.forgetting import CapacityError
 from methods.formation import FORMATIONS
 from methods.hidden_prefix import HiddenPrefixBackend
 from methods.kv_prefix import KVPrefixBackend
@@ -51,7 +52,11 @@ def preflight(cfg: DictConfig):
     except ValueError as err:
         raise ConfigError(str(err)) from None
     task = _build(cfg.task, "task")
-    return spec, method, task
+    forgetting = _build(cfg.forgetting, "forgetting")
+    if forgetting.layerwise and not method.needs_latent:
+        raise ConfigError(f"forgetting={cfg.forgetting.label} drops different tokens at every layer; "
+                          f"method={cfg.method.label} has no layers (use a latent method or forgetting=random)")
+    return spec, method, task, forgetting
 
 
 def run(cfg: DictConfig, run_dir: str) -> float:
@@ -59,7 +64,7 @@ def run(cfg: DictConfig, run_dir: str) -> float:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    spec, method, task = preflight(cfg)
+    spec, method, task, forgetting = preflight(cfg)
     model, tokenizer = load(spec)
     try:
         format_prompt(tokenizer, "?", cfg.prompt)
@@ -72,16 +77,20 @@ def run(cfg: DictConfig, run_dir: str) -> float:
     records, group_seconds, formed = [], [], {}
     for group in tqdm(groups, desc=f"{label} groups", unit="group"):
         session = Session(model, tokenizer, backend, method, cfg.formation, cfg.prompt, cfg.max_new_tokens,
-                          reuse=formed)
+                          reuse=formed, forgetting=forgetting.for_group(group.index))
         start = time.perf_counter()
-        for record in task.run_group(session, group):
-            record["method"] = label
-            folder.add(record)
-            records.append(record)
+        try:
+            for record in task.run_group(session, group):
+                record.update(method=label, forgetting=cfg.forgetting.label)
+                folder.add(record)
+                records.append(record)
+        except CapacityError as err:
+            raise ConfigError(f"group {group.index}: {err} (answers so far are in {run_dir})") from None
         group_seconds.append(time.perf_counter() - start)
     metrics = task.metrics(records)
     metrics.insert(0, "method", label)
-    info = {"method": label, "model": spec.name, "backend": cfg.backend, "formation": cfg.formation,
+    info = {"method": label, "forgetting": cfg.forgetting.label, "capacity": forgetting.capacity,
+            "model": spec.name, "backend": cfg.backend, "formation": cfg.formation,
             "prompt": cfg.prompt, "groups": len(groups), "threads": torch.get_num_threads(),
             "seconds": {"total": sum(group_seconds), "per_group": sum(group_seconds) / len(groups)},
             "peak_memory": peak_memory_mb()}

@@ -52,20 +52,22 @@ class Former:
     """Turns text into fragments of a `LatentMemory` with what the backend needs.
 
     keep_kv: position-free keys/values (fast backend); keep_states: per-layer
-    inputs (hidden-prefix backend); neither: token ids only (text memory).
+    inputs (hidden-prefix backend); keep_self_info: run the pass for self-information
+    even when neither is kept (text memory under informativeness forgetting).
     """
 
     def __init__(self, model, tokenizer, formation: str = "shared_sink", keep_kv: bool = True,
-                 keep_states: bool = False, reuse: dict | None = None):
+                 keep_states: bool = False, reuse: dict | None = None, keep_self_info: bool = False):
         if formation not in FORMATIONS:
             raise ValueError(f"formation={formation!r} is not one of {FORMATIONS}")
         self.model, self.tokenizer, self.formation = model, tokenizer, formation
-        self.keep_kv, self.keep_states = keep_kv, keep_states
+        self.keep_kv, self.keep_states, self.keep_self_info = keep_kv, keep_states, keep_self_info
         self._next_id = 0
         self._reuse = {} if reuse is None else reuse
 
     def __repr__(self) -> str:
-        return f"Former({self.formation}, kv={self.keep_kv}, states={self.keep_states})"
+        return (f"Former({self.formation}, kv={self.keep_kv}, states={self.keep_states}, "
+                f"self_info={self.keep_self_info})")
 
     def token_ids(self, text: str, first: bool) -> torch.Tensor:
         """The ids prefilled for `text`: a leading sink position where the formation has one."""
@@ -76,7 +78,13 @@ class Former:
         return torch.tensor(ids, dtype=torch.long)
 
     def store(self, memory: LatentMemory, text: str, reuse: bool = False) -> Fragment:
-        """Form `text` and append it to `memory`; the first fragment also gives the sink.
+        """Form `text` and append it to `memory` (unbounded; see methods.forgetting for a capacity)."""
+        fragment = self.next_fragment(memory, text, reuse)
+        memory.append(fragment)
+        return fragment
+
+    def next_fragment(self, memory: LatentMemory, text: str, reuse: bool = False) -> Fragment:
+        """Form `text` as the next fragment of `memory`; the first fragment also gives the sink.
 
         reuse: keep the formed states to serve the same text again (formation is
         deterministic), e.g. distractors that every group stores.
@@ -90,7 +98,6 @@ class Former:
                 memory.sink = sink
         if len(whole) == 0:
             raise ValueError(f"fragment {text[:40]!r} is empty after tokenization")
-        memory.append(whole)
         return whole
 
     @torch.no_grad()
@@ -106,7 +113,7 @@ class Former:
         return fragment
 
     def _prefill(self, ids: torch.Tensor, text: str, fid: int) -> Fragment:
-        if not (self.keep_kv or self.keep_states):
+        if not (self.keep_kv or self.keep_states or self.keep_self_info):
             return Fragment(fid, text, ids, torch.full((len(ids),), float("inf")))
         device = self.model.device
         cache = DynamicCache()

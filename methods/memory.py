@@ -20,6 +20,7 @@ class Fragment:
     keys, values: [layers, kv_heads, T, head_dim], position-free (RoPE removed), or None.
     states:       [layers, T, hidden], the input of every decoder layer, or None.
     self_info:    [T] nats, -log p(token | its own preceding tokens); inf where unknown.
+    token_ids and self_info are [layers, T] once layers have evicted different positions.
     """
 
     fid: int
@@ -31,16 +32,34 @@ class Fragment:
     states: torch.Tensor | None = None
 
     def __len__(self) -> int:
-        return int(self.token_ids.shape[0])
+        return int(self.token_ids.shape[-1])
+
+    @property
+    def num_layers(self) -> int | None:
+        stored = self.keys if self.keys is not None else self.states
+        return None if stored is None else int(stored.shape[0])
 
     def take(self, positions: torch.Tensor) -> "Fragment":
-        """The fragment restricted to `positions` (sorted), at every layer alike."""
+        """The fragment restricted to `positions`: [T'] sorted, the same at every layer,
+        or [layers, T'], each layer its own (then token ids and self-information become per layer)."""
         def pick(t, dim):
-            return None if t is None else t.index_select(dim, positions)
-        return replace(
-            self, token_ids=self.token_ids[positions], self_info=self.self_info[positions],
-            keys=pick(self.keys, 2), values=pick(self.values, 2), states=pick(self.states, 1),
-        )
+            return None if t is None else _select(t, positions, dim)
+        per_token = [t[..., positions] if positions.dim() == 1 else
+                     t.expand(positions.shape[0], -1).gather(1, positions)
+                     for t in (self.token_ids, self.self_info)]
+        return replace(self, token_ids=per_token[0], self_info=per_token[1],
+                       keys=pick(self.keys, 2), values=pick(self.values, 2), states=pick(self.states, 1))
+
+
+def _select(t: torch.Tensor, positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """Positions [T'] along `dim` of every layer, or [layers, T'] (layer i keeps row i) of t [layers, ...]."""
+    if positions.dim() == 1:
+        return t.index_select(dim, positions)
+    view = [1] * t.dim()
+    view[0], view[dim] = positions.shape
+    size = list(t.shape)
+    size[dim] = positions.shape[1]
+    return t.gather(dim, positions.view(view).expand(size))
 
 
 @dataclass
@@ -63,6 +82,10 @@ class LatentMemory:
 
     def ids(self) -> list[int]:
         return [f.fid for f in self.fragments]
+
+    def length_of(self, fid: int) -> int:
+        """Retained tokens of fragment `fid` (0 once forgotten entirely)."""
+        return sum(len(f) for f in self.fragments if f.fid == fid)
 
     def spans(self) -> list[tuple[int, int]]:
         """[start, end) memory positions of each fragment; the sink holds position 0."""

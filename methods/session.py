@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from methods.base import Method
+from methods.forgetting import Forgetting, NoForgetting
 from methods.formation import Former
 from methods.generation import greedy, stop_ids
 from methods.memory import LatentMemory
@@ -42,18 +43,23 @@ class Answer:
 
 class Session:
     def __init__(self, model, tokenizer, backend, method: Method, formation: str, prompt: str,
-                 max_new_tokens: int = 32, reuse: dict | None = None):
+                 max_new_tokens: int = 32, reuse: dict | None = None, forgetting: Forgetting | NoForgetting | None = None):
         self.model, self.tokenizer, self.backend, self.method = model, tokenizer, backend, method
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
+        self.forgetting = forgetting or NoForgetting()
         latent = method.needs_latent
         self.former = Former(model, tokenizer, formation, keep_kv=latent and backend.keep_kv,
-                             keep_states=latent and backend.keep_states, reuse=reuse)
+                             keep_states=latent and backend.keep_states, reuse=reuse,
+                             keep_self_info=self.forgetting.needs_self_info)
         self.memory = LatentMemory()
         self._stop = stop_ids(model, tokenizer)
 
     def store(self, text: str, reuse: bool = False) -> int:
-        """Form and append one fragment; returns its id. reuse: the text recurs (see Former.store)."""
-        return self.former.store(self.memory, text, reuse).fid
+        """Form one fragment and admit it, forgetting to stay within capacity; returns its id.
+        reuse: the text recurs (see Former.next_fragment)."""
+        fragment = self.former.next_fragment(self.memory, text, reuse)
+        self.forgetting.admit(self.memory, fragment)
+        return fragment.fid
 
     def shuffle(self, generator: torch.Generator) -> None:
         self.memory.reorder(torch.randperm(len(self.memory), generator=generator).tolist())

@@ -16,7 +16,7 @@ def composed(*overrides):
         return compose("config", overrides=list(overrides))
 
 
-@pytest.mark.parametrize("group", ["method", "task", "logger"])
+@pytest.mark.parametrize("group", ["method", "task", "forgetting", "logger"])
 def test_every_plugin_config_instantiates(group):
     for path in sorted((CONF / group).glob("*.yaml")):
         cfg = composed(f"{group}={path.stem}")
@@ -48,6 +48,9 @@ def test_memdefrag_labels_name_k():
     (["backend=slow"], "backend='slow' is not one of"),
     (["formation=joint"], "formation='joint' is not one of"),
     (["task.eval_steps=[0]"], "eval_steps"),
+    (["forgetting=informativeness", "model.memory_capacity=0"], "forgetting.capacity=0 must be a positive"),
+    (["forgetting=random", "model.memory_capacity=null"], "capacity=None must be a positive"),
+    (["forgetting=random_layerwise", "method=text"], "method=text has no layers"),
 ])
 def test_bad_input_is_refused_before_work(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -55,6 +58,6 @@ def test_bad_input_is_refused_before_work(overrides, message):
 
 
 def test_a_missing_data_directory_is_named(tmp_path):
-    spec, method, task = preflight(composed("task.dataset=nqa", f"task.data_dir={tmp_path / 'nowhere'}"))
+    task = preflight(composed("task.dataset=nqa", f"task.data_dir={tmp_path / 'nowhere'}"))[2]
     with pytest.raises(ConfigError, match="nowhere"):
         task.groups(lambda text: {"input_ids": [0]})
