@@ -1,5 +1,6 @@
 """Every shipped config composes; bad input stops in preflight with one clear message."""
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,16 @@ def test_every_model_config_composes():
         overrides = ["model.source=x", "model.tracer_layer=1"] if path.stem == "hf" else []
         cfg = composed(f"model={path.stem}", *overrides)
         assert cfg.model.source and cfg.method.tracer_layer == cfg.model.tracer_layer
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))
+def test_every_run_of_every_experiment_passes_preflight(experiment):
+    with initialize_config_module("conf", version_base="1.3"):
+        sweep = compose("config", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+    params = {key: str(values).split(",") for key, values in sweep.hydra.sweeper.params.items()}
+    assert params, f"experiment {experiment} sweeps nothing"
+    for values in itertools.product(*params.values()):
+        preflight(composed(f"experiment={experiment}", *[f"{k}={v}" for k, v in zip(params, values)]))
 
 
 def test_memdefrag_labels_name_k():

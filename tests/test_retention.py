@@ -107,3 +107,23 @@ def test_protocol_stores_target_first_and_asks_at_eval_steps(tmp_path):
     assert [r["step"] for r in records] == [1, 3] and all(r["correct"] for r in records)
     assert records[0]["target_rank"] == 2 and records[1]["memory_tokens"] == 3
     assert sum(c[0] == "shuffle" for c in session.calls) == 4
+
+
+def test_forgetting_bounds_the_memory_across_updates(tmp_path, llama, tokenizer):
+    """A real session under a capacity: memory stays at N_max once full; the target shrinks, never vanishes."""
+    from methods.forgetting import Informativeness
+    from methods.kv_prefix import KVPrefixBackend
+    from methods.memdefrag import MemDefrag
+    from methods.session import Session
+
+    write(tmp_path, [{"context": "the cat is on the mat", "question": "cat?", "answer": "mat"}],
+          [f"unrelated text number {i} " * 2 for i in range(12)])
+    task = Retention("nqa", str(tmp_path), groups=1, updates=12, max_context_tokens=60)
+    session = Session(llama, tokenizer, KVPrefixBackend(llama), MemDefrag(k=2, tracer_layer=1), "shared_sink",
+                      "plain", max_new_tokens=3, forgetting=Informativeness(capacity=200))
+    records = list(task.run_group(session, task.groups(tokenizer)[0]))
+    sizes = [r["memory_tokens"] for r in records]
+    assert max(sizes) == 200 and sizes[-1] == 200 and sizes == sorted(sizes)
+    target = [r["target_tokens"] for r in records]
+    assert target[0] == 23 and 0 < target[-1] < target[0] and target == sorted(target, reverse=True)
+    assert all(r["target_rank"] is not None and r["seconds"]["update"] > 0 for r in records)
