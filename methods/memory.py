@@ -17,7 +17,7 @@ import torch
 class Fragment:
     """One stored knowledge fragment of T tokens.
 
-    keys, values: [layers, kv_heads, T, head_dim], position-free (RoPE removed), or None.
+    keys, values: [layers, kv_heads, T, head_dim], position-free (taken before RoPE), or None.
     states:       [layers, T, hidden], the input of every decoder layer, or None.
     self_info:    [T] nats, -log p(token | its own preceding tokens); inf where unknown.
     token_ids and self_info are [layers, T] once layers have evicted different positions.

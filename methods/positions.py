@@ -1,7 +1,7 @@
-"""Rotary positions: take them off keys at formation, put them back at query time.
+"""Rotary positions, given at query time to keys stored without them.
 
-Stored keys are position-free, so a fragment can sit at any offset of the
-memory without being pushed through the network again.
+Stored keys are position-free (taken before RoPE at formation), so a fragment
+can sit at any offset of the memory without being pushed through the network again.
 """
 
 from __future__ import annotations
@@ -29,7 +29,3 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     """Give positions to x [..., S, head_dim]; cos/sin [S, head_dim]."""
     return x * cos + _rotate_half(x) * sin
 
-
-def unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Inverse of `rotate`: the rotation by the opposite angle."""
-    return x * cos - _rotate_half(x) * sin
