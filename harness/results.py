@@ -1,8 +1,13 @@
-"""The self-describing result folder of one run.
+"""The self-describing result folder of one run, resumable.
 
 config.yaml (resolved), predictions.jsonl (one line per question, written as it
-is answered), metrics.csv (accuracy per step), run.json (versions, git hash,
+is answered), groups.jsonl (one line per finished group, written after its
+answers), metrics.csv (accuracy per step), run.json (versions, git hash,
 timing, peak memory).
+
+A group counts once groups.jsonl says it finished. Rerunning the same config
+into the folder keeps those groups, drops the answers of a group cut short (also
+by kill -9, mid-line), and runs only what is missing.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+
+from harness.errors import ConfigError
 
 PACKAGES = ("torch", "transformers", "hydra-core", "wandb", "memdefrag")
 
@@ -49,18 +56,62 @@ def peak_memory_mb() -> dict[str, float]:
 
 
 class ResultFolder:
-    def __init__(self, folder: str | Path, cfg):
+    # settings that do not change a run's answers: a resumed run may change them
+    FREE = ("threads", "logger", "resume")
+
+    def __init__(self, folder: str | Path, cfg, resume: bool = True):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.done: dict[int, float] = {}                  # finished group -> seconds it took
+        self.records: list[dict] = []
+        if resume and (self.folder / "groups.jsonl").exists():
+            self._check_same_run(cfg)
+            self.done = {g["group"]: g["seconds"] for g in _read_jsonl(self.folder / "groups.jsonl")}
+            self.records = [r for r in _read_jsonl(self.folder / "predictions.jsonl") if r["group"] in self.done]
         (self.folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        self._predictions = open(self.folder / "predictions.jsonl", "w", encoding="utf-8")
+        self._predictions = _rewrite(self.folder / "predictions.jsonl", self.records)
+        self._groups = _rewrite(self.folder / "groups.jsonl",
+                                [{"group": g, "seconds": t} for g, t in self.done.items()])
+
+    def _check_same_run(self, cfg) -> None:
+        def comparable(conf):
+            return {k: v for k, v in OmegaConf.to_container(conf, resolve=True).items() if k not in self.FREE}
+        before, now = comparable(OmegaConf.load(self.folder / "config.yaml")), comparable(cfg)
+        changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+        if changed:
+            raise ConfigError(f"{self.folder} holds a run with other settings ({', '.join(changed)}); "
+                              "choose another output folder, or pass resume=false to start it over")
 
     def add(self, record: dict) -> None:
+        self.records.append(record)
         self._predictions.write(json.dumps(record) + "\n")
         self._predictions.flush()
 
+    def end_group(self, group: int, seconds: float) -> None:
+        self.done[group] = seconds
+        self._groups.write(json.dumps({"group": group, "seconds": seconds}) + "\n")
+        self._groups.flush()
+
     def finish(self, metrics, info: dict) -> None:
         self._predictions.close()
+        self._groups.close()
         metrics.to_csv(self.folder / "metrics.csv", index=False)
         info = {**info, "versions": versions(), "git": git_hash(), "argv": sys.argv}
         (self.folder / "run.json").write_text(json.dumps(info, indent=2))
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """The complete lines of a JSONL file; a line cut short by a kill is skipped."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def _rewrite(path: Path, rows: list[dict]):
+    """Write `rows` to `path` and return it open for appending."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return open(path, "a", encoding="utf-8")

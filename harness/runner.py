@@ -72,10 +72,13 @@ def run(cfg: DictConfig, run_dir: str) -> float:
         raise ConfigError(str(err)) from None
     groups = task.groups(tokenizer)
     backend = BACKENDS[cfg.backend](model)
-    folder = ResultFolder(run_dir, cfg)
+    folder = ResultFolder(run_dir, cfg, resume=cfg.resume)
     label = cfg.method.label
-    records, group_seconds, formed = [], [], {}
-    for group in tqdm(groups, desc=f"{label} groups", unit="group"):
+    formed = {}
+    if folder.done:
+        log.info("resuming %s: %d of %d groups already finished", run_dir, len(folder.done), len(groups))
+    for group in tqdm([g for g in groups if g.index not in folder.done], desc=f"{label} groups", unit="group",
+                      initial=len(folder.done), total=len(groups)):
         session = Session(model, tokenizer, backend, method, cfg.formation, cfg.prompt, cfg.max_new_tokens,
                           reuse=formed, forgetting=forgetting.for_group(group.index))
         start = time.perf_counter()
@@ -83,10 +86,10 @@ def run(cfg: DictConfig, run_dir: str) -> float:
             for record in task.run_group(session, group):
                 record.update(method=label, forgetting=cfg.forgetting.label)
                 folder.add(record)
-                records.append(record)
         except CapacityError as err:
-            raise ConfigError(f"group {group.index}: {err} (answers so far are in {run_dir})") from None
-        group_seconds.append(time.perf_counter() - start)
+            raise ConfigError(f"group {group.index}: {err} (finished groups are kept in {run_dir})") from None
+        folder.end_group(group.index, time.perf_counter() - start)
+    records, group_seconds = folder.records, list(folder.done.values())
     metrics = task.metrics(records)
     metrics.insert(0, "method", label)
     info = {"method": label, "forgetting": cfg.forgetting.label, "capacity": forgetting.capacity,
