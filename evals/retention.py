@@ -9,6 +9,7 @@ substring of the output.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -46,6 +47,10 @@ class Retention:
         self.eval_steps, self.shuffle, self.seed = steps, shuffle, seed
         self.max_context_tokens = max_context_tokens
 
+    def check(self) -> None:
+        """Read and validate the data (ConfigError on a bad value) before any model is loaded."""
+        datasets.load(self.dataset, self.data_dir, self.seed)
+
     def groups(self, tokenizer) -> list[Group]:
         """The groups of this run; raises ConfigError when the data cannot supply them."""
         data = datasets.load(self.dataset, self.data_dir, self.seed)
@@ -73,29 +78,34 @@ class Retention:
     def run_group(self, session, group: Group) -> Iterator[dict]:
         """Store, shuffle, ask: one record per evaluated step."""
         generator = torch.Generator().manual_seed(self.seed * 100_003 + group.index)
-        target_id = session.store(group.target.context + "\n\n")
-        texts = [None, *group.distractors]
+        texts = [group.target.context + "\n\n", *group.distractors]
+        target_id = None
         for step in range(1, self.updates + 1):
-            if step > 1:
-                session.store(texts[step - 1], reuse=True)
+            start = time.perf_counter()
+            fid = session.store(texts[step - 1], reuse=step > 1)     # distractors recur in every group
+            if step == 1:
+                target_id = fid
             if self.shuffle:
                 session.shuffle(generator)
+            update_seconds = time.perf_counter() - start
             if step not in self.eval_steps:
                 continue
             answer = session.ask(group.target.question)
+            ids = session.memory.ids()
             yield {
                 "group": group.index, "step": step, "question": group.target.question,
                 "gold": group.target.answer, "output": answer.text,
                 "correct": is_correct(group.target.answer, answer.text),
                 "memory_tokens": session.memory.n_tokens, "used_tokens": answer.memory_tokens,
+                "target_tokens": session.memory.length_of(target_id),
                 "target_rank": _rank_of(target_id, answer.densities),
-                "target_position": session.memory.ids().index(target_id) + 1,
-                "seconds": answer.seconds,
+                "target_position": ids.index(target_id) + 1 if target_id in ids else None,
+                "seconds": {"update": update_seconds, **answer.seconds},
             }
 
 
 def _rank_of(fid: int, densities: dict[int, float]) -> int | None:
-    if not densities:
+    if fid not in densities:
         return None
     ids = list(densities)
     return int(ranks(torch.tensor([densities[i] for i in ids]))[ids.index(fid)])

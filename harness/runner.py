@@ -52,6 +52,7 @@ def preflight(cfg: DictConfig):
     except ValueError as err:
         raise ConfigError(str(err)) from None
     task = _build(cfg.task, "task")
+    task.check()
     forgetting = _build(cfg.forgetting, "forgetting")
     if forgetting.layerwise and not method.needs_latent:
         raise ConfigError(f"forgetting={cfg.forgetting.label} drops different tokens at every layer; "

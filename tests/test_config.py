@@ -68,7 +68,10 @@ def test_bad_input_is_refused_before_work(overrides, message):
         preflight(composed(*overrides))
 
 
-def test_a_missing_data_directory_is_named(tmp_path):
-    task = preflight(composed("task.dataset=nqa", f"task.data_dir={tmp_path / 'nowhere'}"))[2]
-    with pytest.raises(ConfigError, match="nowhere"):
-        task.groups(lambda text: {"input_ids": [0]})
+def test_bad_data_is_refused_before_the_model_loads(tmp_path):
+    with pytest.raises(ConfigError, match="task.data_dir=.*nowhere.* has no folder nqa/"):
+        preflight(composed("task.dataset=nqa", f"task.data_dir={tmp_path / 'nowhere'}"))
+    (tmp_path / "nqa").mkdir()
+    (tmp_path / "nqa" / "val_data.json").write_text("[]")
+    with pytest.raises(ConfigError, match="val_data.json.*non-empty JSON list"):
+        preflight(composed("task.dataset=nqa", f"task.data_dir={tmp_path}"))
