@@ -66,8 +66,8 @@ class ResultFolder:
         self.records: list[dict] = []
         if resume and (self.folder / "groups.jsonl").exists():
             self._check_same_run(cfg)
-            self.done = {g["group"]: g["seconds"] for g in _read_jsonl(self.folder / "groups.jsonl")}
-            self.records = [r for r in _read_jsonl(self.folder / "predictions.jsonl") if r["group"] in self.done]
+            self.done = {g["group"]: g["seconds"] for g in read_jsonl(self.folder / "groups.jsonl")}
+            self.records = [r for r in read_jsonl(self.folder / "predictions.jsonl") if r["group"] in self.done]
         (self.folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         self._predictions = _rewrite(self.folder / "predictions.jsonl", self.records)
         self._groups = _rewrite(self.folder / "groups.jsonl",
@@ -100,7 +100,18 @@ class ResultFolder:
         (self.folder / "run.json").write_text(json.dumps(info, indent=2))
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_run_info(folder: Path) -> dict:
+    return json.loads((Path(folder) / "run.json").read_text())
+
+
+def metrics_table(task, records: list[dict], label: str):
+    """The task's metrics of `records`, labelled with the method."""
+    metrics = task.metrics(records)
+    metrics.insert(0, "method", label)
+    return metrics
+
+
+def read_jsonl(path: Path) -> list[dict]:
     """The complete lines of a JSONL file; a line cut short by a kill is skipped."""
     rows = []
     for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:

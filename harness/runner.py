@@ -10,9 +10,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from harness import shards
 from harness.errors import ConfigError
 from harness.models import ModelSpec, check_source, load, num_layers
-from harness.results import ResultFolder, peak_memory_mb
+from harness.plugins import build
+from harness.results import ResultFolder, metrics_table, peak_memory_mb
 from methods.forgetting import CapacityError
 from methods.formation import FORMATIONS
 from methods.hidden_prefix import HiddenPrefixBackend
@@ -23,37 +25,25 @@ log = logging.getLogger(__name__)
 BACKENDS = {"fast": KVPrefixBackend, "hidden_prefix": HiddenPrefixBackend}
 
 
-def _build(node: DictConfig, what: str, **kwargs):
-    """Instantiate a plugin config; a bad value becomes a ConfigError naming it."""
-    fields = OmegaConf.to_container(node, resolve=True)
-    fields.pop("label", None)
-    try:
-        return instantiate(fields, **kwargs)
-    except Exception as err:  # noqa: BLE001 - Hydra wraps the constructor's ValueError
-        cause = err.__cause__ or err
-        if isinstance(cause, (ValueError, TypeError)):
-            raise ConfigError(f"{what}: {cause}") from None
-        raise
-
-
 def preflight(cfg: DictConfig):
     """Every check that can fail on input, before any model weight is loaded."""
     if cfg.backend not in BACKENDS:
         raise ConfigError(f"backend={cfg.backend!r} is not one of {sorted(BACKENDS)}")
     if cfg.formation not in FORMATIONS:
         raise ConfigError(f"formation={cfg.formation!r} is not one of {FORMATIONS}")
+    shards.parse(cfg.shard)
     if cfg.max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} must be >= 1")
     spec = ModelSpec(**cfg.model)
     model_config = check_source(spec)
-    method = _build(cfg.method, "method")
+    method = build(cfg.method, "method")
     try:
         method.check(num_layers(model_config))
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    task = _build(cfg.task, "task")
+    task = build(cfg.task, "task")
     task.check()
-    forgetting = _build(cfg.forgetting, "forgetting")
+    forgetting = build(cfg.forgetting, "forgetting")
     if forgetting.layerwise and not method.needs_latent:
         raise ConfigError(f"forgetting={cfg.forgetting.label} drops different tokens at every layer; "
                           f"method={cfg.method.label} has no layers (use a latent method or forgetting=random)")
@@ -71,7 +61,7 @@ def run(cfg: DictConfig, run_dir: str) -> float:
         format_prompt(tokenizer, "?", cfg.prompt)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    groups = task.groups(tokenizer)
+    groups = shards.select(task.groups(tokenizer), shards.parse(cfg.shard))
     backend = BACKENDS[cfg.backend](model)
     folder = ResultFolder(run_dir, cfg, resume=cfg.resume)
     label = cfg.method.label
@@ -91,8 +81,7 @@ def run(cfg: DictConfig, run_dir: str) -> float:
             raise ConfigError(f"group {group.index}: {err} (finished groups are kept in {run_dir})") from None
         folder.end_group(group.index, time.perf_counter() - start)
     records, group_seconds = folder.records, list(folder.done.values())
-    metrics = task.metrics(records)
-    metrics.insert(0, "method", label)
+    metrics = metrics_table(task, records, label)
     info = {"method": label, "forgetting": cfg.forgetting.label, "capacity": forgetting.capacity,
             "model": spec.name, "backend": cfg.backend, "formation": cfg.formation,
             "prompt": cfg.prompt, "groups": len(groups), "threads": torch.get_num_threads(),

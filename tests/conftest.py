@@ -70,3 +70,44 @@ FRAGMENTS = ["the cat sat on the mat", "a quick brown fox jumps", "hello world a
 def smollm2():
     from harness.models import ModelSpec, load
     return load(ModelSpec("smollm2", "smollm2"))
+
+
+def save_tiny_checkpoint(folder) -> str:
+    """A loadable checkpoint folder: a tiny random Llama and a byte-level BPE tokenizer with a chat
+    template, trained offline on the synthetic set, so whole runs go through the real harness."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from evals.synthetic import generate
+
+    data = generate(0)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator([t.context for t in data.targets[:200]] + list(data.unrelated[:50]), trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tokenizer.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+                               "{% if add_generation_prompt %}<s>assistant: {% endif %}")
+    torch.manual_seed(0)
+    config = LlamaConfig(**{**COMMON, "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
+                            "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+                            "max_position_embeddings": 8192})
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_llama"))
+
+
+def tiny_run_config(checkpoint: str, *overrides: str):
+    """The harness config of a small retention run on the tiny checkpoint."""
+    from hydra import compose, initialize_config_module
+
+    base = [f"model.source={checkpoint}", "model.name=tiny_llama", "model.tracer_layer=1",
+            "model.memory_capacity=300", "logger=none", "task.groups=4", "task.updates=3", "max_new_tokens=4"]
+    with initialize_config_module("conf", version_base="1.3"):
+        return compose("config", overrides=base + list(overrides))

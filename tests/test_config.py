@@ -7,7 +7,8 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from harness.errors import ConfigError
-from harness.runner import _build, preflight
+from harness.plugins import build
+from harness.runner import preflight
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -22,9 +23,9 @@ def test_every_plugin_config_instantiates(group):
     for path in sorted((CONF / group).glob("*.yaml")):
         cfg = composed(f"{group}={path.stem}")
         if group == "logger":
-            assert callable(_build(cfg.logger, "logger", _partial_=True))
+            assert callable(build(cfg.logger, "logger", _partial_=True))
         else:
-            _build(cfg[group], group)
+            build(cfg[group], group)
 
 
 def test_every_model_config_composes():

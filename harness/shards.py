@@ -1,0 +1,88 @@
+"""Sharded runs: a run's groups split over jobs (`shard=i/n`), and merged back into one run.
+
+Every group's result depends on the group alone (its shuffles and random forgetting are
+seeded by its index; distractors are formed deterministically), so the merge of all shards
+equals the unsharded run, answer for answer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from harness.errors import ConfigError
+from harness.plugins import build
+from harness.results import ResultFolder, metrics_table, read_jsonl, read_run_info
+
+
+def parse(spec: str | None) -> tuple[int, int] | None:
+    """`"i/n"` -> (i, n) with 0 <= i < n; None for an unsharded run."""
+    if spec is None:
+        return None
+    try:
+        index, count = (int(part) for part in str(spec).split("/"))
+    except ValueError:
+        index, count = -1, 0
+    if not 0 <= index < count:
+        raise ConfigError(f"shard={spec!r} must be 'i/n' with 0 <= i < n, e.g. shard=0/2")
+    return index, count
+
+
+def select(groups: list, shard: tuple[int, int] | None) -> list:
+    """The groups of this shard: every n-th, starting at the i-th."""
+    if shard is None:
+        return groups
+    index, count = shard
+    return [g for g in groups if g.index % count == index]
+
+
+def merge_sweep(folder: str | Path) -> list[Path]:
+    """Merge every complete set of shards under `folder` into `folder`/merged/<run>; returns those runs."""
+    sets: dict[str, list[tuple[Path, tuple[int, int]]]] = defaultdict(list)
+    for config_file in sorted(Path(folder).glob("**/config.yaml")):
+        cfg = OmegaConf.load(config_file)
+        if cfg.get("shard") is None or "merged" in config_file.parts:
+            continue
+        unsharded = OmegaConf.to_yaml(OmegaConf.merge(cfg, {"shard": None}))
+        sets[unsharded].append((config_file.parent, parse(cfg.shard)))
+    merged = []
+    for unsharded, shards in sets.items():
+        count = shards[0][1][1]
+        found = sorted(index for _, (index, _) in shards)
+        if found != list(range(count)) or any(n != count for _, (_, n) in shards):
+            raise ConfigError(f"shards of {shards[0][0].name} are incomplete: found "
+                              f"{[f'{i}/{n}' for _, (i, n) in shards]}, need 0/{count}..{count - 1}/{count}")
+        target = Path(folder) / "merged" / min(path.name for path, _ in shards)
+        merged.append(merge([path for path, _ in sorted(shards, key=lambda s: s[1])], target,
+                            OmegaConf.create(unsharded)))
+    return merged
+
+
+def merge(shard_dirs: list[Path], target: Path, cfg) -> Path:
+    """Write the run that the finished shards in `shard_dirs` make together."""
+    infos = []
+    for path in shard_dirs:
+        if not (path / "run.json").is_file():
+            raise ConfigError(f"shard {path} has not finished (no run.json); rerun it, it resumes")
+        infos.append(read_run_info(path))
+    records = sorted((r for path in shard_dirs for r in read_jsonl(path / "predictions.jsonl")),
+                     key=lambda r: r["group"])                                   # stable: steps stay in order
+    seconds = {g["group"]: g["seconds"] for path in shard_dirs for g in read_jsonl(path / "groups.jsonl")}
+    out = ResultFolder(target, cfg, resume=False)
+    for record in records:
+        out.add(record)
+    for group in sorted(seconds):
+        out.end_group(group, seconds[group])
+    metrics = metrics_table(build(cfg.task, "task"), records, cfg.method.label)
+    peaks = defaultdict(float)
+    for info in infos:
+        for key, value in info.get("peak_memory", {}).items():
+            peaks[key] = max(peaks[key], value)
+    total = sum(seconds.values())
+    info = {**{k: v for k, v in infos[0].items() if k not in ("versions", "git", "argv")},
+            "groups": len(seconds), "seconds": {"total": total, "per_group": total / len(seconds)},
+            "peak_memory": dict(peaks), "shards": [str(p) for p in shard_dirs]}
+    out.finish(metrics, info)
+    return target

@@ -1,0 +1,63 @@
+"""Whole runs through the real harness on the tiny checkpoint: sharding, merging, resuming."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.errors import ConfigError
+from harness.runner import run
+from harness.shards import merge_sweep, parse
+from tests.conftest import tiny_run_config
+
+RUN = ("method=memdefrag_top1", "forgetting=random", "model.memory_capacity=200", "task.groups=4")
+
+
+def answers(folder):
+    """What a run answered, without its timings."""
+    return [{k: v for k, v in json.loads(line).items() if k != "seconds"}
+            for line in (folder / "predictions.jsonl").read_text().splitlines()]
+
+
+def test_merged_shards_equal_the_unsharded_run(tmp_path, tiny_checkpoint):
+    run(tiny_run_config(tiny_checkpoint, *RUN), str(tmp_path / "whole"))
+    for i in range(2):
+        run(tiny_run_config(tiny_checkpoint, *RUN, f"shard={i}/2"), str(tmp_path / "sweep" / f"{i}_run"))
+    [merged] = merge_sweep(tmp_path / "sweep")
+    assert answers(merged) == answers(tmp_path / "whole")
+    assert (merged / "metrics.csv").read_text() == (tmp_path / "whole" / "metrics.csv").read_text()
+    assert json.loads((merged / "run.json").read_text())["groups"] == 4
+
+
+def test_incomplete_shards_are_named(tmp_path, tiny_checkpoint):
+    run(tiny_run_config(tiny_checkpoint, *RUN, "shard=1/3"), str(tmp_path / "1_run"))
+    with pytest.raises(ConfigError, match=r"incomplete: found \['1/3'\]"):
+        merge_sweep(tmp_path)
+
+
+@pytest.mark.parametrize("spec", ["2/2", "a/b", "1", "-1/2"])
+def test_bad_shards_are_refused(spec):
+    with pytest.raises(ConfigError, match="must be 'i/n'"):
+        parse(spec)
+
+
+def test_a_run_killed_mid_group_resumes_to_the_same_result(tmp_path, tiny_checkpoint):
+    overrides = [*RUN, "task.groups=12", "task.updates=4", f"model.source={tiny_checkpoint}", "model.name=tiny",
+                 "model.tracer_layer=1", "logger=none", "max_new_tokens=4"]
+    run(tiny_run_config(tiny_checkpoint, *overrides), str(tmp_path / "whole"))
+    command = [sys.executable, "-m", "harness", *overrides, f"hydra.run.dir={tmp_path / 'killed'}"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ)
+    marker = tmp_path / "killed" / "groups.jsonl"
+    while not (marker.exists() and marker.read_text().count("\n") >= 2):
+        assert process.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.02)
+    process.kill()                                                       # SIGKILL, mid-way through a group
+    assert process.wait() == -9
+    finished = marker.read_text().count("\n")
+    assert 2 <= finished < 12
+    done = subprocess.run(command, capture_output=True, text=True, env=os.environ, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert answers(tmp_path / "killed") == answers(tmp_path / "whole")
