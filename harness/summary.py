@@ -14,18 +14,45 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 
+# settings a run's label already says, or that do not make it another run
+IMPLIED = ("method._target_", "method.k", "method.label", "forgetting", "task.dataset", "task.eval_steps",
+           "task.groups", "shard", "threads", "logger", "resume")
+
+
 def records_under(folder: str | Path) -> pd.DataFrame:
-    """Every answer of every run below `folder`, labelled with its dataset and run (method, forgetting)."""
-    rows = []
+    """Every answer of every run below `folder` (shards count as one run; merged/ copies are skipped),
+    labelled with its dataset and run: method, forgetting, and any other setting that varies."""
+    runs = []
     for path in sorted(Path(folder).glob("**/predictions.jsonl")):
-        dataset = OmegaConf.load(path.parent / "config.yaml").task.dataset
-        rows += [{"forgetting": "unbounded", **json.loads(line), "dataset": dataset}
-                 for line in path.read_text().splitlines() if line]
-    records = pd.DataFrame(rows)
-    if not records.empty:
-        bounded = records["forgetting"] != "unbounded"
-        records["run"] = records["method"].where(~bounded, records["method"] + "+" + records["forgetting"])
-    return records
+        if "merged" in path.relative_to(folder).parts:
+            continue
+        config = OmegaConf.to_container(OmegaConf.load(path.parent / "config.yaml"))
+        runs.append((config, [json.loads(line) for line in path.read_text().splitlines() if line]))
+    labels = run_labels([config for config, _ in runs])
+    rows = [{**record, "dataset": config["task"]["dataset"], "run": label}
+            for (config, records), label in zip(runs, labels) for record in records]
+    return pd.DataFrame(rows)
+
+
+def run_labels(configs: list[dict]) -> list[str]:
+    """`method[+forgetting]`, then `name=value` for each other setting that differs between runs."""
+    flats = [_flatten(c) for c in configs]
+    keys = set().union(*flats) if flats else set()
+    varying = sorted(k for k in keys if not any(k == i or k.startswith(i + ".") for i in IMPLIED)
+                     and len({repr(f[k]) for f in flats if k in f}) > 1)
+    labels = []
+    for config, flat in zip(configs, flats):
+        forgetting = config.get("forgetting", {}).get("label", "unbounded")
+        label = config["method"]["label"] + ("" if forgetting == "unbounded" else f"+{forgetting}")
+        labels.append(" ".join([label, *(f"{k.rsplit('.', 1)[-1]}={flat[k]}" for k in varying if k in flat)]))
+    return labels
+
+
+def _flatten(node, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    if not isinstance(node, dict) or not node:
+        return {prefix.rstrip("."): node}
+    return {k: v for key, value in node.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
 
 
 def complete_groups(records: pd.DataFrame) -> pd.DataFrame:

@@ -1,31 +1,45 @@
-"""Sweep tables count finished groups only, so an interrupted run reports what it really has."""
+"""Sweep tables count finished groups only, and name each run by what sets it apart."""
 
 import json
 
-from harness.summary import sweep_table
+from omegaconf import OmegaConf
+
+from harness.summary import run_labels, sweep_table
 
 
-def write_run(folder, method, records, dataset="synthetic"):
-    run = folder / f"{method}_{dataset}"
+def write_run(folder, name, records, dataset="synthetic", method="vanilla", forgetting="unbounded", **method_fields):
+    run = folder / name
     run.mkdir(parents=True)
-    (run / "config.yaml").write_text(f"task:\n  dataset: {dataset}\n")
-    (run / "predictions.jsonl").write_text("".join(json.dumps({"method": method, **r}) + "\n" for r in records))
+    config = {"task": {"dataset": dataset}, "method": {"label": method, **method_fields},
+              "forgetting": {"label": forgetting}}
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(config))
+    (run / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 def test_partial_groups_are_left_out(tmp_path):
-    write_run(tmp_path, "vanilla", [{"group": 0, "step": 1, "correct": True}, {"group": 0, "step": 5, "correct": False},
-                                    {"group": 1, "step": 1, "correct": False}, {"group": 1, "step": 5, "correct": False},
-                                    {"group": 2, "step": 1, "correct": True}])       # group 2 was interrupted
+    write_run(tmp_path, "a", [{"group": 0, "step": 1, "correct": True}, {"group": 0, "step": 5, "correct": False},
+                              {"group": 1, "step": 1, "correct": False}, {"group": 1, "step": 5, "correct": False},
+                              {"group": 2, "step": 1, "correct": True}])      # group 2 was interrupted
     table = sweep_table(tmp_path)
     assert list(table.columns) == ["vanilla"]
     assert table["vanilla"].tolist() == [50.0, 0.0, 2]                  # steps 1, 5, then finished groups
     assert table.index.tolist() == [("synthetic", "1"), ("synthetic", "5"), ("synthetic", "groups")]
 
 
-def test_runs_under_forgetting_get_their_own_column(tmp_path):
-    write_run(tmp_path, "top2", [{"group": 0, "step": 10, "correct": True}], "nqa")
-    (tmp_path / "top2_nqa").rename(tmp_path / "a")
-    write_run(tmp_path, "top2", [{"group": 0, "step": 10, "correct": False, "forgetting": "random"}], "nqa")
+def test_runs_are_named_by_forgetting_and_by_what_varies(tmp_path):
+    write_run(tmp_path, "a", [{"group": 0, "step": 10, "correct": True}], "nqa", "top2", query_mode="last")
+    write_run(tmp_path, "b", [{"group": 0, "step": 10, "correct": False}], "nqa", "top2", "random", query_mode="last")
+    write_run(tmp_path, "c", [{"group": 0, "step": 10, "correct": True}], "nqa", "top2", "random", query_mode="mean")
+    write_run(tmp_path, "d", [{"group": 1, "step": 10, "correct": True}], "nqa", "top2", "random", query_mode="mean")
+    write_run(tmp_path, "merged/c", [{"group": 0, "step": 10, "correct": False}], "nqa", "top2", "random",
+              query_mode="mean")                                        # a merged copy: not counted again
     table = sweep_table(tmp_path)
-    assert list(table.columns) == ["top2", "top2+random"]
-    assert table.loc[("nqa", "10")].tolist() == [100.0, 0.0]
+    assert list(table.columns) == ["top2 query_mode=last", "top2+random query_mode=last", "top2+random query_mode=mean"]
+    assert table.loc[("nqa", "10")].tolist() == [100.0, 0.0, 100.0]
+    assert table.loc[("nqa", "groups")].tolist() == [1, 1, 2]           # shards c and d are one run
+
+
+def test_labels_leave_out_settings_a_run_does_not_have():
+    assert run_labels([{"method": {"label": "vanilla"}}, {"method": {"label": "top1", "query_mode": "mean"}},
+                       {"method": {"label": "top1", "query_mode": "last"}}]) == \
+        ["vanilla", "top1 query_mode=mean", "top1 query_mode=last"]
