@@ -14,7 +14,7 @@ from harness.runner import run
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def app(cfg: DictConfig) -> float:
+def app(cfg: DictConfig):
     try:
         return run(cfg, HydraConfig.get().runtime.output_dir)
     except ConfigError as err:

@@ -50,8 +50,8 @@ def preflight(cfg: DictConfig):
     return spec, method, task, forgetting
 
 
-def run(cfg: DictConfig, run_dir: str) -> float:
-    """Run the task with the method; returns the accuracy at the last evaluated step."""
+def run(cfg: DictConfig, run_dir: str):
+    """Run the task with the method; returns the task's metrics table."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -95,4 +95,4 @@ def run(cfg: DictConfig, run_dir: str) -> float:
           f"prompt {cfg.prompt}, formation {cfg.formation})")
     print(metrics.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"results: {run_dir}")
-    return float(metrics["accuracy"].iloc[-1])
+    return metrics

@@ -27,7 +27,9 @@ def records_under(folder: str | Path) -> pd.DataFrame:
         if "merged" in path.relative_to(folder).parts:
             continue
         config = OmegaConf.to_container(OmegaConf.load(path.parent / "config.yaml"))
-        runs.append((config, [json.loads(line) for line in path.read_text().splitlines() if line]))
+        records = [json.loads(line) for line in path.read_text().splitlines() if line]
+        if records and "correct" in records[0]:                  # answers per step (not e.g. probes)
+            runs.append((config, records))
     labels = run_labels([config for config, _ in runs])
     rows = [{**record, "dataset": config["task"]["dataset"], "run": label}
             for (config, records), label in zip(runs, labels) for record in records]

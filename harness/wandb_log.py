@@ -33,7 +33,7 @@ class WandbLogger:
                              group=self.group, tags=self.tags, reinit="finish_previous")
             for row in metrics.to_dict("records"):
                 run.log({k: v for k, v in row.items() if v == v})      # NaN-free
-            columns = ["group", "step", "question", "gold", "output", "correct", "memory_tokens", "target_rank"]
+            columns = [k for k, v in records[0].items() if not isinstance(v, (dict, list))] if records else []
             run.log({"predictions": wandb.Table(columns=columns,
                                                 data=[[r[c] for c in columns] for r in records])})
             run.summary.update({"seconds": info["seconds"], "peak_memory": info.get("peak_memory", {})})

@@ -45,11 +45,12 @@ def prompt_attention_rows(module, query, key, attention_mask, scaling=None, soft
 
 
 @contextmanager
-def recording_attention(model, layers: list[int]):
+def recording_attention(model, layers: list[int], queries: int | None = None):
     """Record `prompt_attention_rows` of `layers` (decoder indices) during a forward.
 
     Yields a dict layer -> [q_len, kv_len]; the forward raises StopForward after
-    the last of them, so the caller runs it inside `until_stopped`.
+    the last of them, so the caller runs it inside `until_stopped`. queries: keep
+    only the rows of the last `queries` positions (a prompt at the end of a longer input).
     """
     impl = model.config._attn_implementation
     had_local = impl in ALL_ATTENTION_FUNCTIONS._local_mapping
@@ -60,7 +61,11 @@ def recording_attention(model, layers: list[int]):
     def traced(module, query, key, value, attention_mask, **kwargs):
         idx = module.layer_idx
         if idx in wanted:
-            rows[idx] = prompt_attention_rows(module, query, key, attention_mask, **kwargs)
+            q, mask = query, attention_mask
+            if queries is not None:
+                q = query[:, :, -queries:]
+                mask = None if attention_mask is None else attention_mask[..., -queries:, :]
+            rows[idx] = prompt_attention_rows(module, q, key, mask, **kwargs)
             if idx == last:
                 raise StopForward
         return _inner(impl, module)(module, query, key, value, attention_mask, **kwargs)
@@ -80,6 +85,15 @@ def _inner(impl: str, module):
     if impl in ALL_ATTENTION_FUNCTIONS._global_mapping:
         return ALL_ATTENTION_FUNCTIONS._global_mapping[impl]
     return sys.modules[type(module).__module__].eager_attention_forward
+
+
+@torch.no_grad()
+def text_attention_rows(model, ids: torch.Tensor, queries: int, layers: list[int]) -> dict[int, torch.Tensor]:
+    """Head-averaged rows [queries, S] of the last `queries` positions of plain-token input ids [S]:
+    tracing without positional distortion (App. C.2). Only those rows are built."""
+    with recording_attention(model, layers, queries=queries) as rows:
+        until_stopped(model, input_ids=ids.view(1, -1).to(model.device), use_cache=False)
+    return rows
 
 
 def until_stopped(fn, *args, **kwargs) -> None:

@@ -1,0 +1,91 @@
+"""Tracer-layer probing (paper Sec. 3, Table 1, App. B.2): at which layers does attention
+density find the target fragment?
+
+A group stores its target and n-1 unrelated contexts; the target is then placed at
+every position in turn and, from one forward per placement, every layer's density
+ranks the fragments. Run it with `method=vanilla` (latent memory, positions
+distorted) or `method=text` (the same fragments as plain tokens: no distortion, App. C.2).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pandas as pd
+import torch
+
+from evals.retention import Group, Retention
+from harness.errors import ConfigError
+from methods.session import format_prompt
+from methods.tracing import QUERY_MODES, densities, ranks, text_attention_rows
+
+TOP = (1, 2, 3, 4, 5)
+
+
+class Probe:
+    """fragments: n per group (the target and n-1 distractors); positions: target positions
+    (1-based) to probe, null = all n; the rest as in the retention task."""
+
+    def __init__(self, dataset: str = "nqa", data_dir: str | None = None, groups: int = 50, fragments: int = 20,
+                 positions: list[int] | None = None, seed: int = 42, max_context_tokens: int = 512):
+        if fragments < 2:
+            raise ConfigError(f"task.fragments={fragments} must be >= 2 (a target and a distractor)")
+        self.positions = sorted(set(positions)) if positions else list(range(1, fragments + 1))
+        if self.positions[0] < 1 or self.positions[-1] > fragments:
+            raise ConfigError(f"task.positions={list(positions)} must lie in 1..task.fragments={fragments}")
+        self.fragments = fragments
+        self.source = Retention(dataset, data_dir, groups, updates=fragments, seed=seed,
+                                max_context_tokens=max_context_tokens)
+
+    def check(self) -> None:
+        self.source.check()
+
+    def groups(self, tokenizer) -> list[Group]:
+        return self.source.groups(tokenizer)
+
+    def run_group(self, session, group: Group) -> Iterator[dict]:
+        """One record per target position: the target's rank at every layer, per query mode."""
+        target = session.store(group.target.context + "\n\n")
+        for text in group.distractors:
+            session.store(text, reuse=True)
+        prompt_ids = format_prompt(session.tokenizer, group.target.question, session.prompt)
+        layers = list(range(session.model.config.get_text_config().num_hidden_layers))
+        others = [i for i, fid in enumerate(session.memory.ids()) if fid != target]
+        for position in self.positions:
+            start = time.perf_counter()
+            index = position - 1
+            order = others[:index] + [session.memory.ids().index(target)] + others[index:]
+            view = session.memory.arranged(order)
+            rows = self._rows(session, view, prompt_ids, layers)
+            yield {
+                "group": group.index, "position": position, "fragments": len(order),
+                "memory_tokens": view.n_tokens, "memory": "latent" if session.method.needs_latent else "text",
+                "ranks": {mode: [int(ranks(densities(rows[layer], view.spans(), mode))[index]) for layer in layers]
+                          for mode in QUERY_MODES},
+                "seconds": {"trace": time.perf_counter() - start},
+            }
+
+    @staticmethod
+    def _rows(session, view, prompt_ids, layers):
+        """Every layer's prompt rows from one forward: over the latent prefix, or over plain tokens."""
+        if session.method.needs_latent:
+            return session.backend.attention_rows(view, prompt_ids, layers)
+        ids = torch.cat([f.token_ids for f in [view.sink, *view.fragments]] + [prompt_ids])
+        return text_attention_rows(session.model, ids, len(prompt_ids), layers)
+
+    def metrics(self, records: list[dict]) -> pd.DataFrame:
+        return tracing_table(records)
+
+
+def tracing_table(records: list[dict]) -> pd.DataFrame:
+    """Per query mode and layer: mean rank of the target and Top-k tracing accuracy (%), best first."""
+    rows = []
+    for mode in QUERY_MODES:
+        per_layer = pd.DataFrame([r["ranks"][mode] for r in records])       # probes x layers
+        for layer in per_layer.columns:
+            rank = per_layer[layer]
+            rows.append({"query_mode": mode, "layer": int(layer), "mean_rank": rank.mean(),
+                         **{f"top{k}": 100 * (rank <= k).mean() for k in TOP}, "probes": len(rank)})
+    table = pd.DataFrame(rows)
+    return table.sort_values(["query_mode", "mean_rank", "layer"]).reset_index(drop=True)

@@ -1,0 +1,85 @@
+"""Probing: every placement of the target, every layer from one forward, ranks from densities."""
+
+import pytest
+import torch
+
+from evals.datasets import QAItem
+from evals.probe import Probe, tracing_table
+from evals.retention import Group
+from methods.kv_prefix import KVPrefixBackend
+from methods.session import Session
+from methods.text import TextMemory
+from methods.vanilla import Vanilla
+
+GROUP = Group(0, QAItem("the cat sat on the mat", "where is the cat?", "mat"),
+              ("a quick brown fox", "hello world again", "zzz yy x"))
+
+
+def probe_session(model, tokenizer, method=None):
+    return Session(model, tokenizer, KVPrefixBackend(model), method or Vanilla(), "shared_sink", "plain")
+
+
+@pytest.mark.parametrize("method, formed", [(Vanilla(), 4), (TextMemory(), 0)])
+def test_every_position_from_one_forward_each(llama, tokenizer, method, formed):
+    session = probe_session(llama, tokenizer, method)
+    calls, records, seen = [], [], []
+    handle = llama.model.layers[0].register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        for record in Probe("synthetic", fragments=4).run_group(session, GROUP):
+            records.append(record)
+            seen.append(len(calls))
+    finally:
+        handle.remove()
+    assert seen == [formed + 1, formed + 2, formed + 3, formed + 4]      # one forward per placement
+    assert [r["position"] for r in records] == [1, 2, 3, 4]
+    for record in records:
+        for mode in ("last", "mean"):
+            assert len(record["ranks"][mode]) == llama.config.num_hidden_layers
+            assert all(1 <= r <= 4 for r in record["ranks"][mode])
+
+
+def test_a_dominant_target_is_ranked_first_at_every_position(llama, tokenizer):
+    session = probe_session(llama, tokenizer)
+    probe = Probe("synthetic", fragments=4)
+    original = session.former.next_fragment
+
+    def dominant_target(memory, text, reuse=False):              # the target's keys at layer 1 dominate
+        fragment = original(memory, text, reuse)
+        if text.startswith("the cat"):
+            fragment.keys[1] = 50.0
+        return fragment
+
+    session.former.next_fragment = dominant_target
+    records = list(probe.run_group(session, GROUP))
+    assert all(r["ranks"][mode][1] == 1 for r in records for mode in ("last", "mean"))
+
+
+def test_tracing_table_ranks_layers_best_first():
+    records = [{"ranks": {"last": [3, 1], "mean": [1, 2]}}, {"ranks": {"last": [2, 1], "mean": [1, 4]}}]
+    table = tracing_table(records)
+    last = table[table.query_mode == "last"]
+    assert last.layer.tolist() == [1, 0] and last.mean_rank.tolist() == [1.0, 2.5]
+    assert last.top1.tolist() == [100.0, 0.0] and last.top2.tolist() == [100.0, 50.0]
+    assert table[table.query_mode == "mean"].layer.tolist() == [0, 1]
+
+
+def test_bad_probe_settings_are_refused():
+    from harness.errors import ConfigError
+    with pytest.raises(ConfigError, match="task.positions"):
+        Probe(fragments=5, positions=[0, 3])
+    with pytest.raises(ConfigError, match="task.fragments=1"):
+        Probe(fragments=1)
+
+
+def test_text_rows_equal_eager_attention_weights(family_model):
+    """Only the prompt's rows are built, and they are the model's own attention (masks, soft-capping)."""
+    from methods.hidden_prefix import eager_attention
+    from methods.tracing import text_attention_rows
+
+    ids = torch.arange(3, 40)
+    layers = list(range(family_model.config.num_hidden_layers))
+    rows = text_attention_rows(family_model, ids, 5, layers)
+    with eager_attention(family_model), torch.no_grad():
+        weights = family_model(input_ids=ids.view(1, -1), output_attentions=True).attentions
+    for layer in layers:
+        torch.testing.assert_close(rows[layer], weights[layer][0, :, -5:].float().mean(0), atol=1e-5, rtol=0)
