@@ -13,12 +13,11 @@ import time
 from collections.abc import Iterator
 
 import pandas as pd
-import torch
 
 from evals.retention import Group, Retention
 from harness.errors import ConfigError
 from methods.session import format_prompt
-from methods.tracing import QUERY_MODES, densities, ranks, text_attention_rows
+from methods.tracing import QUERY_MODES, densities, ranks
 
 TOP = (1, 2, 3, 4, 5)
 
@@ -57,7 +56,7 @@ class Probe:
             index = position - 1
             order = others[:index] + [session.memory.ids().index(target)] + others[index:]
             view = session.memory.arranged(order)
-            rows = self._rows(session, view, prompt_ids, layers)
+            rows = session.trace(view, prompt_ids, layers)
             yield {
                 "group": group.index, "position": position, "fragments": len(order),
                 "memory_tokens": view.n_tokens, "memory": "latent" if session.method.needs_latent else "text",
@@ -65,14 +64,6 @@ class Probe:
                           for mode in QUERY_MODES},
                 "seconds": {"trace": time.perf_counter() - start},
             }
-
-    @staticmethod
-    def _rows(session, view, prompt_ids, layers):
-        """Every layer's prompt rows from one forward: over the latent prefix, or over plain tokens."""
-        if session.method.needs_latent:
-            return session.backend.attention_rows(view, prompt_ids, layers)
-        ids = torch.cat([f.token_ids for f in [view.sink, *view.fragments]] + [prompt_ids])
-        return text_attention_rows(session.model, ids, len(prompt_ids), layers)
 
     def metrics(self, records: list[dict]) -> pd.DataFrame:
         return tracing_table(records)

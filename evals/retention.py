@@ -90,6 +90,7 @@ class Retention:
             update_seconds = time.perf_counter() - start
             if step not in self.eval_steps:
                 continue
+            observed = self.observe(session, target_id, group)
             answer = session.ask(group.target.question)
             ids = session.memory.ids()
             yield {
@@ -100,8 +101,12 @@ class Retention:
                 "target_tokens": session.memory.length_of(target_id),
                 "target_rank": _rank_of(target_id, answer.densities),
                 "target_position": ids.index(target_id) + 1 if target_id in ids else None,
-                "seconds": {"update": update_seconds, **answer.seconds},
+                "seconds": {"update": update_seconds, **answer.seconds}, **observed,
             }
+
+    def observe(self, session, target_id: int, group: Group) -> dict:
+        """Extra fields for a step's record, taken before the question is answered (none here)."""
+        return {}
 
 
 def _rank_of(fid: int, densities: dict[int, float]) -> int | None:

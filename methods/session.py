@@ -15,6 +15,7 @@ from methods.forgetting import Forgetting, NoForgetting
 from methods.formation import Former
 from methods.generation import greedy, stop_ids
 from methods.memory import LatentMemory
+from methods.tracing import text_attention_rows
 
 PROMPT_STYLES = ("plain", "chat")
 
@@ -60,6 +61,15 @@ class Session:
         fragment = self.former.next_fragment(self.memory, text, reuse)
         self.forgetting.admit(self.memory, fragment)
         return fragment.fid
+
+    @torch.no_grad()
+    def trace(self, view: LatentMemory, prompt_ids: torch.Tensor, layers: list[int]) -> dict[int, torch.Tensor]:
+        """Prompt attention rows of `layers` from one forward, over `view` as this method holds it:
+        a latent prefix (the backend's), or the same fragments as plain tokens."""
+        if self.method.needs_latent:
+            return self.backend.attention_rows(view, prompt_ids, layers)
+        ids = torch.cat([f.token_ids for f in [view.sink, *view.fragments]] + [prompt_ids])
+        return text_attention_rows(self.model, ids, len(prompt_ids), layers)
 
     def shuffle(self, generator: torch.Generator) -> None:
         self.memory.reorder(torch.randperm(len(self.memory), generator=generator).tolist())

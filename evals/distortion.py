@@ -1,0 +1,60 @@
+"""Positional distortion (paper Sec. 2.2-2.3, Fig. 2, App. C.1): how accuracy and the target's
+attention density fall together as the memory grows.
+
+Retention with the first fragment as the target, stored in order (no shuffle), asked after
+every update; before each question every layer's density of the target is traced (one
+forward). Per layer, Pearson and Spearman correlation between the per-step mean density and
+the per-step accuracy. `method=vanilla` is the latent memory, `method=text` the counterpart
+without distortion.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from scipy import stats
+
+from evals.retention import Retention
+from methods.session import format_prompt
+from methods.tracing import QUERY_MODES, densities
+
+
+class Distortion(Retention):
+    def __init__(self, dataset: str = "nqa", data_dir: str | None = None, groups: int = 20, updates: int = 20,
+                 seed: int = 42, max_context_tokens: int = 512):
+        super().__init__(dataset, data_dir, groups, updates, eval_steps=None, shuffle=False, seed=seed,
+                         max_context_tokens=max_context_tokens)
+
+    def observe(self, session, target_id, group) -> dict:
+        """The target's density at every layer, per query mode."""
+        layers = list(range(session.model.config.get_text_config().num_hidden_layers))
+        prompt_ids = format_prompt(session.tokenizer, group.target.question, session.prompt)
+        rows = session.trace(session.memory, prompt_ids, layers)
+        index = session.memory.ids().index(target_id)
+        return {"density": {mode: [float(densities(rows[l], session.memory.spans(), mode)[index]) for l in layers]
+                            for mode in QUERY_MODES}}
+
+    def metrics(self, records: list[dict]) -> pd.DataFrame:
+        return correlations(records)
+
+
+def density_by_step(records: list[dict], mode: str) -> pd.DataFrame:
+    """Mean target density: steps x layers."""
+    frame = pd.DataFrame([r["density"][mode] for r in records], index=[r["step"] for r in records])
+    return frame.groupby(level=0).mean()
+
+
+def correlations(records: list[dict]) -> pd.DataFrame:
+    """Per query mode and layer: Pearson and Spearman r between per-step density and accuracy, best first."""
+    accuracy = pd.DataFrame(records).groupby("step")["correct"].mean()
+    rows = []
+    for mode in QUERY_MODES:
+        density = density_by_step(records, mode)
+        for layer in density.columns:
+            pair = (density[layer].to_numpy(), accuracy.loc[density.index].to_numpy())
+            constant = min(pair[0].std(), pair[1].std()) == 0
+            rows.append({"query_mode": mode, "layer": int(layer),
+                         "pearson": float("nan") if constant else stats.pearsonr(*pair).statistic,
+                         "spearman": float("nan") if constant else stats.spearmanr(*pair).statistic,
+                         "steps": len(density)})
+    return pd.DataFrame(rows).sort_values(["query_mode", "pearson", "layer"], ascending=[True, False, True],
+                                          na_position="last").reset_index(drop=True)

@@ -1,0 +1,42 @@
+"""The distortion study: density traced before every answer, correlated with accuracy per layer."""
+
+import json
+
+import pytest
+
+from evals.distortion import Distortion, correlations
+from methods.kv_prefix import KVPrefixBackend
+from methods.session import Session
+from methods.text import TextMemory
+from methods.vanilla import Vanilla
+from tests.test_retention import write
+
+
+@pytest.mark.parametrize("method", [Vanilla(), TextMemory()])
+def test_every_step_records_the_targets_density_at_every_layer(tmp_path, llama, tokenizer, method):
+    write(tmp_path, [{"context": "the cat is on the mat", "question": "cat?", "answer": "mat"}],
+          ["unrelated words", "more unrelated words", "zzz"])
+    task = Distortion("nqa", str(tmp_path), groups=1, updates=4)
+    session = Session(llama, tokenizer, KVPrefixBackend(llama), method, "shared_sink", "plain", max_new_tokens=3)
+    records = list(task.run_group(session, task.groups(tokenizer)[0]))
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(r["target_position"] == 1 for r in records)               # stored first, never shuffled
+    for record in records:
+        for mode in ("last", "mean"):
+            assert len(record["density"][mode]) == llama.config.num_hidden_layers
+    first = records[0]["density"]["mean"]
+    assert all(d > records[-1]["density"]["mean"][i] for i, d in enumerate(first))   # more memory, less each
+    json.dumps(records)
+
+
+def test_correlations_per_layer():
+    records = [{"step": s, "correct": c, "density": {"last": [d, 0.5], "mean": [d, -d]}}
+               for s, c, d in [(1, True, 0.9), (2, True, 0.8), (2, False, 0.6), (3, False, 0.1)]]
+    table = correlations(records)
+    mean = table[table.query_mode == "mean"].set_index("layer")
+    # per step: density 0.9, 0.7, 0.1 against accuracy 1, 0.5, 0
+    assert mean.loc[0, "spearman"] == pytest.approx(1.0) and mean.loc[0, "pearson"] == pytest.approx(0.9608, abs=1e-4)
+    assert mean.loc[1, "spearman"] == pytest.approx(-1.0)
+    assert mean.index.tolist() == [0, 1]                                  # best first
+    last = table[table.query_mode == "last"].set_index("layer")
+    assert last.loc[1].isna()["pearson"]                                   # a constant density has no r
