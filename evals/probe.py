@@ -22,12 +22,22 @@ from methods.tracing import QUERY_MODES, densities, ranks
 TOP = (1, 2, 3, 4, 5)
 
 
+def band(num_layers: int) -> list[int]:
+    """The paper's candidate tracer layers (App. F): floor(L/3)..ceil(L/2)."""
+    return list(range(num_layers // 3, -(-num_layers // 2) + 1))
+
+
 class Probe:
     """fragments: n per group (the target and n-1 distractors); positions: target positions
-    (1-based) to probe, null = all n; the rest as in the retention task."""
+    (1-based) to probe, null = all n; layers: 'all', 'band' (floor(L/3)..ceil(L/2)) or a list;
+    the rest as in the retention task."""
 
     def __init__(self, dataset: str = "nqa", data_dir: str | None = None, groups: int = 50, fragments: int = 20,
-                 positions: list[int] | None = None, seed: int = 42, max_context_tokens: int = 512):
+                 positions: list[int] | None = None, layers: str | list[int] = "all", seed: int = 42,
+                 max_context_tokens: int = 512):
+        if isinstance(layers, str) and layers not in ("all", "band"):
+            raise ConfigError(f"task.layers={layers!r} must be 'all', 'band' or a list of layer indices")
+        self.layers = layers
         if fragments < 2:
             raise ConfigError(f"task.fragments={fragments} must be >= 2 (a target and a distractor)")
         self.positions = sorted(set(positions)) if positions else list(range(1, fragments + 1))
@@ -49,7 +59,7 @@ class Probe:
         for text in group.distractors:
             session.store(text, reuse=True)
         prompt_ids = format_prompt(session.tokenizer, group.target.question, session.prompt)
-        layers = list(range(session.model.config.get_text_config().num_hidden_layers))
+        layers = self.layers_of(session.model.config.get_text_config().num_hidden_layers)
         others = [i for i, fid in enumerate(session.memory.ids()) if fid != target]
         for position in self.positions:
             start = time.perf_counter()
@@ -60,10 +70,20 @@ class Probe:
             yield {
                 "group": group.index, "position": position, "fragments": len(order),
                 "memory_tokens": view.n_tokens, "memory": "latent" if session.method.needs_latent else "text",
+                "layers": layers,
                 "ranks": {mode: [int(ranks(densities(rows[layer], view.spans(), mode))[index]) for layer in layers]
                           for mode in QUERY_MODES},
                 "seconds": {"trace": time.perf_counter() - start},
             }
+
+    def layers_of(self, num_layers: int) -> list[int]:
+        if self.layers == "all":
+            return list(range(num_layers))
+        if self.layers == "band":
+            return band(num_layers)
+        if not self.layers or any(not 0 <= int(layer) < num_layers for layer in self.layers):
+            raise ConfigError(f"task.layers={list(self.layers)} must lie in 0..{num_layers - 1} (this model)")
+        return sorted({int(layer) for layer in self.layers})
 
     def metrics(self, records: list[dict]) -> pd.DataFrame:
         return tracing_table(records)
@@ -73,7 +93,8 @@ def tracing_table(records: list[dict]) -> pd.DataFrame:
     """Per query mode and layer: mean rank of the target and Top-k tracing accuracy (%), best first."""
     rows = []
     for mode in QUERY_MODES:
-        per_layer = pd.DataFrame([r["ranks"][mode] for r in records])       # probes x layers
+        per_layer = pd.DataFrame([r["ranks"][mode] for r in records],      # probes x layers
+                                 columns=records[0].get("layers", range(len(records[0]["ranks"][mode]))))
         for layer in per_layer.columns:
             rank = per_layer[layer]
             rows.append({"query_mode": mode, "layer": int(layer), "mean_rank": rank.mean(),

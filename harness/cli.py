@@ -8,7 +8,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from harness import shards
+from harness import shards, tracers
 from harness.errors import ConfigError
 from harness.runner import run
 
@@ -20,6 +20,26 @@ def app(cfg: DictConfig):
     except ConfigError as err:
         print(f"memdefrag: error: {err}", file=sys.stderr)
         sys.exit(2)
+
+
+@hydra.main(config_path="../conf", config_name="tracer_sweep", version_base="1.3")
+def tracer_sweep(cfg: DictConfig):
+    """Probe the candidate layers, then record the best (layer, query mode) for the model."""
+    if cfg.full:
+        cfg.task.layers = "all"
+    try:
+        table = run(cfg, HydraConfig.get().runtime.output_dir)
+    except ConfigError as err:
+        print(f"memdefrag tracer-sweep: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    best = table.iloc[table["mean_rank"].idxmin()]
+    choice = {"tracer_layer": int(best["layer"]), "query_mode": str(best["query_mode"]),
+              "mean_rank": round(float(best["mean_rank"]), 3), "top1": round(float(best["top1"]), 1),
+              "swept": f"layers {cfg.task.layers} on {cfg.task.dataset}, {cfg.task.groups} groups x "
+                       f"{cfg.task.fragments} fragments, prompt {cfg.prompt}, formation {cfg.formation}"}
+    path = tracers.record(cfg.model.name, choice)
+    print(f"{cfg.model.name}: tracer_layer={choice['tracer_layer']} query_mode={choice['query_mode']} "
+          f"(mean rank {choice['mean_rank']}), recorded in {path}")
 
 
 def merge(argv: list[str]) -> None:
@@ -40,7 +60,11 @@ def merge(argv: list[str]) -> None:
 
 def main() -> None:
     """The Hydra app, or a subcommand named first."""
-    if len(sys.argv) > 1 and sys.argv[1] == "merge":
+    command = sys.argv[1] if len(sys.argv) > 1 else None
+    if command == "merge":
         merge(sys.argv[2:])
+    elif command == "tracer-sweep":
+        del sys.argv[1]
+        tracer_sweep()
     else:
         app()

@@ -8,6 +8,7 @@ import time
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 from tqdm import tqdm
 
 from harness import shards
@@ -27,6 +28,13 @@ BACKENDS = {"fast": KVPrefixBackend, "hidden_prefix": HiddenPrefixBackend}
 
 def preflight(cfg: DictConfig):
     """Every check that can fail on input, before any model weight is loaded."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationResolutionError as err:
+        cause = err
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__ or cause.__context__
+        raise (cause or ConfigError(f"{err.full_key}: {str(err).splitlines()[0]}")) from None
     if cfg.backend not in BACKENDS:
         raise ConfigError(f"backend={cfg.backend!r} is not one of {sorted(BACKENDS)}")
     if cfg.formation not in FORMATIONS:

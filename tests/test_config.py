@@ -63,6 +63,7 @@ def test_memdefrag_labels_name_k():
     (["forgetting=informativeness", "model.memory_capacity=0"], "forgetting.capacity=0 must be a positive"),
     (["forgetting=random", "model.memory_capacity=null"], "capacity=None must be a positive"),
     (["forgetting=random_layerwise", "method=text"], "method=text has no layers"),
+    (["model=hf", "model.source=x"], "model 'x' has no tracer_layer in .*tracers.yaml: run `memdefrag tracer-sweep"),
 ])
 def test_bad_input_is_refused_before_work(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -61,3 +61,22 @@ def test_a_run_killed_mid_group_resumes_to_the_same_result(tmp_path, tiny_checkp
     done = subprocess.run(command, capture_output=True, text=True, env=os.environ, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert answers(tmp_path / "killed") == answers(tmp_path / "whole")
+
+
+def test_tracer_sweep_records_a_layer_that_memdefrag_then_uses(tmp_path, tiny_checkpoint):
+    env = {**os.environ, "MEMDEFRAG_TRACERS": str(tmp_path / "tracers.yaml")}
+    model = [f"model.source={tiny_checkpoint}", "model.name=tiny", "model.memory_capacity=null"]
+    done = subprocess.run([sys.executable, "-m", "harness", "tracer-sweep", *model, "task.dataset=synthetic",
+                           "task.groups=2", "task.fragments=3", f"hydra.run.dir={tmp_path / 'sweep'}"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    import yaml
+    choice = yaml.safe_load((tmp_path / "tracers.yaml").read_text())["tiny"]
+    assert choice["tracer_layer"] in (1, 2) and choice["query_mode"] in ("last", "mean")   # the band of 3 layers
+    os.environ["MEMDEFRAG_TRACERS"] = env["MEMDEFRAG_TRACERS"]
+    try:
+        cfg = tiny_run_config(tiny_checkpoint, "model.name=tiny", "model.tracer_layer=${tracer:tracer_layer,none}",
+                              "model.query_mode=${tracer:query_mode,last}")
+        assert (cfg.method.tracer_layer, cfg.method.query_mode) == (choice["tracer_layer"], choice["query_mode"])
+    finally:
+        del os.environ["MEMDEFRAG_TRACERS"]

@@ -1,0 +1,54 @@
+"""Recommended tracer layers per model: written by `memdefrag tracer-sweep`, read by model configs.
+
+A model config says `tracer_layer: ${tracer:tracer_layer,18}`: the value recorded for that
+model (by its `name`) in the tracers file, else the default after the comma. The file is
+conf/tracers.yaml, or MEMDEFRAG_TRACERS.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+
+from harness.errors import ConfigError
+
+FIELDS = ("tracer_layer", "query_mode")
+NO_DEFAULT = "none"
+
+
+def tracers_file() -> Path:
+    return Path(os.environ.get("MEMDEFRAG_TRACERS", Path(__file__).resolve().parents[1] / "conf" / "tracers.yaml"))
+
+
+def recorded() -> dict:
+    path = tracers_file()
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
+def resolve(field: str, default=NO_DEFAULT, *, _parent_):
+    """The `tracer` resolver: `field` of the model named by the enclosing node."""
+    if field not in FIELDS:
+        raise ConfigError(f"${{tracer:{field}}}: the field must be one of {FIELDS}")
+    name = _parent_.get("name")
+    value = recorded().get(name, {}).get(field, default)
+    if value == NO_DEFAULT:
+        raise ConfigError(f"model {name!r} has no {field} in {tracers_file()}: run `memdefrag tracer-sweep "
+                          f"model=...` for it, or set model.{field}")
+    return value
+
+
+def record(name: str, choice: dict) -> Path:
+    """Write `choice` (tracer_layer, query_mode and how they were found) for model `name`."""
+    table = recorded()
+    table[name] = choice
+    path = tracers_file()
+    path.write_text("# Written by `memdefrag tracer-sweep`; read by conf/model/*.yaml through ${tracer:...}.\n"
+                    + yaml.safe_dump(table, sort_keys=True))
+    return path
+
+
+if not OmegaConf.has_resolver("tracer"):
+    OmegaConf.register_new_resolver("tracer", resolve)
