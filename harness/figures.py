@@ -27,3 +27,44 @@ def accuracy_curves(table: pd.DataFrame, path: str | Path, title: str = "") -> N
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def density_heatmap(density: pd.DataFrame, path: str | Path, title: str = "") -> None:
+    """Target density per layer (rows) and update step (columns): paper Fig. 2b."""
+    fig, ax = plt.subplots(figsize=(7, 5))
+    image = ax.imshow(density.T.to_numpy(), aspect="auto", origin="lower", cmap="viridis",
+                      extent=(density.index.min() - 0.5, density.index.max() + 0.5, -0.5, density.shape[1] - 0.5))
+    fig.colorbar(image, ax=ax, label="attention density of the target")
+    ax.set(title=title, xlabel="update step", ylabel="layer")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def accuracy_and_density(accuracy: pd.Series, density: pd.Series, path: str | Path, title: str = "") -> None:
+    """Accuracy and the target's density over steps at one layer, on twin axes: paper Fig. 2d."""
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(accuracy.index, 100 * accuracy.to_numpy(), marker="o", color="tab:blue", label="accuracy")
+    ax.set(xlabel="update step", ylabel="accuracy (%)", title=title)
+    twin = ax.twinx()
+    twin.plot(density.index, density.to_numpy(), marker="s", color="tab:red", label="density")
+    twin.set_ylabel("attention density")
+    fig.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def correlation_bars(table: pd.DataFrame, path: str | Path, title: str = "") -> None:
+    """Per-layer Pearson and Spearman r between density and accuracy: paper Fig. 2c."""
+    table = table.sort_values("layer")
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    width = 0.4
+    ax.bar(table["layer"] - width / 2, table["pearson"], width, label="Pearson")
+    ax.bar(table["layer"] + width / 2, table["spearman"], width, label="Spearman")
+    ax.set(xlabel="layer", ylabel="r", title=title, ylim=(-1, 1))
+    ax.axhline(0, color="black", linewidth=0.5)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

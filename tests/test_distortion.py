@@ -40,3 +40,18 @@ def test_correlations_per_layer():
     assert mean.index.tolist() == [0, 1]                                  # best first
     last = table[table.query_mode == "last"].set_index("layer")
     assert last.loc[1].isna()["pearson"]                                   # a constant density has no r
+
+
+def test_analysis_writes_the_figures_and_tables(tmp_path):
+    from harness.analysis import write_analysis
+
+    (tmp_path / "config.yaml").write_text("task:\n  _target_: evals.distortion.Distortion\n")
+    records = [{"step": s, "correct": s < 3, "density": {"last": [1 / s, 0.2], "mean": [1 / s, 1 / s ** 2]}}
+               for s in (1, 2, 3, 4)]
+    (tmp_path / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    written = write_analysis(tmp_path)
+    assert sorted(p.name for p in written) == sorted(
+        ["correlations.md"] + [f"{kind}_{mode}.png" for kind in ("density_heatmap", "accuracy_density",
+                                                                  "correlations") for mode in ("last", "mean")])
+    assert all(p.stat().st_size > 1000 for p in written if p.suffix == ".png")
+    assert "| query_mode" in (tmp_path / "correlations.md").read_text()

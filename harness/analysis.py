@@ -1,0 +1,60 @@
+"""Figures and tables of the analysis tasks, from a run folder's files.
+
+`python -m harness.analysis RUN_DIR...`: for a probe run, tracing.md (the per-layer table,
+best first); for a distortion run, per query mode, the density heatmap, accuracy and density
+at the best-correlated layer, and the correlation bars (PNG), plus correlations.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from evals.distortion import correlations, density_by_step
+from evals.probe import tracing_table
+from harness.figures import accuracy_and_density, correlation_bars, density_heatmap
+from methods.tracing import QUERY_MODES
+
+
+def write_analysis(folder: str | Path) -> list[Path]:
+    """The figures and tables of one run folder; returns what was written."""
+    folder = Path(folder)
+    target = OmegaConf.load(folder / "config.yaml").task._target_
+    records = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines() if line]
+    if target.endswith("Probe"):
+        out = folder / "tracing.md"
+        out.write_text(tracing_table(records).to_markdown(index=False, floatfmt=".2f") + "\n")
+        return [out]
+    if not target.endswith("Distortion"):
+        raise ValueError(f"{folder} is a {target} run; analysis figures exist for probe and distortion runs")
+    table = correlations(records)
+    written = [folder / "correlations.md"]
+    written[0].write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
+    accuracy = pd.DataFrame(records).groupby("step")["correct"].mean()
+    for mode in QUERY_MODES:
+        density = density_by_step(records, mode)
+        rows = table[table.query_mode == mode]
+        best = int(rows.iloc[0]["layer"])
+        paths = [folder / f"density_heatmap_{mode}.png", folder / f"accuracy_density_{mode}.png",
+                 folder / f"correlations_{mode}.png"]
+        density_heatmap(density, paths[0], f"target density ({mode} prompt tokens)")
+        accuracy_and_density(accuracy, density[best], paths[1], f"layer {best} ({mode})")
+        correlation_bars(rows, paths[2], f"density vs accuracy per layer ({mode})")
+        written += paths
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folders", nargs="+")
+    for folder in parser.parse_args(argv).folders:
+        for path in write_analysis(folder):
+            print(path)
+
+
+if __name__ == "__main__":
+    main()
