@@ -8,7 +8,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from harness import shards, tracers
+from harness import report, shards, tracers
 from harness.errors import ConfigError
 from harness.runner import run
 
@@ -63,6 +63,8 @@ def main() -> None:
     command = sys.argv[1] if len(sys.argv) > 1 else None
     if command == "merge":
         merge(sys.argv[2:])
+    elif command == "report":
+        report.main(sys.argv[2:])
     elif command == "tracer-sweep":
         del sys.argv[1]
         tracer_sweep()

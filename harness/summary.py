@@ -19,16 +19,20 @@ IMPLIED = ("method._target_", "method.k", "method.label", "forgetting", "task.da
            "task.groups", "shard", "threads", "logger", "resume")
 
 
-def records_under(folder: str | Path) -> pd.DataFrame:
-    """Every answer of every run below `folder` (shards count as one run; merged/ copies are skipped),
+def run_folders(*roots: str | Path) -> list[Path]:
+    """Run folders below `roots` (shards count as runs; copies under merged/ are skipped)."""
+    return [path.parent for root in roots for path in sorted(Path(root).glob("**/predictions.jsonl"))
+            if "merged" not in path.relative_to(root).parts]
+
+
+def records_of(folders: list[Path]) -> pd.DataFrame:
+    """Every answer of the runs in `folders` that answer questions per step (not e.g. probes),
     labelled with its dataset and run: method, forgetting, and any other setting that varies."""
     runs = []
-    for path in sorted(Path(folder).glob("**/predictions.jsonl")):
-        if "merged" in path.relative_to(folder).parts:
-            continue
-        config = OmegaConf.to_container(OmegaConf.load(path.parent / "config.yaml"))
-        records = [json.loads(line) for line in path.read_text().splitlines() if line]
-        if records and "correct" in records[0]:                  # answers per step (not e.g. probes)
+    for folder in folders:
+        config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"))
+        records = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines() if line]
+        if records and "correct" in records[0]:
             runs.append((config, records))
     labels = run_labels([config for config, _ in runs])
     rows = [{**record, "dataset": config["task"]["dataset"], "run": label}
@@ -65,9 +69,13 @@ def complete_groups(records: pd.DataFrame) -> pd.DataFrame:
     return records[answered.to_numpy() == expected.to_numpy()]
 
 
-def sweep_table(*folders: str | Path) -> pd.DataFrame:
+def sweep_table(*roots: str | Path) -> pd.DataFrame:
+    """Accuracy (%) per (dataset, step) x run of the runs below `roots`; see accuracy_table."""
+    return accuracy_table(records_of(run_folders(*roots)))
+
+
+def accuracy_table(records: pd.DataFrame) -> pd.DataFrame:
     """Accuracy (%) per (dataset, step) x run, and a last row per dataset: the groups each run finished."""
-    records = pd.concat([records_under(f) for f in folders], ignore_index=True)
     if records.empty:
         return records
     records = complete_groups(records)

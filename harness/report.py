@@ -1,0 +1,186 @@
+"""`memdefrag report RESULTS_DIR`: the paper's tables (Markdown and LaTeX) and figures from whatever
+result folders lie below RESULTS_DIR, and RESULTS_DIR/README.md that shows them.
+
+The README is RESULTS_DIR/notes.md (written by people: setup, commands, what the numbers
+mean) followed by one generated section per paper table; a table without results says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from evals.probe import tracing_table
+from harness.figures import accuracy_curves
+from harness.tracers import recorded, tracers_file
+from harness.summary import accuracy_table, records_of, run_folders, run_labels
+
+
+@dataclass
+class Run:
+    folder: Path
+    config: dict
+    info: dict
+
+    @property
+    def task(self) -> str:
+        return self.config["task"]["_target_"].rsplit(".", 1)[-1]
+
+    @property
+    def bounded(self) -> bool:
+        return self.config.get("forgetting", {}).get("label", "unbounded") != "unbounded"
+
+
+@dataclass
+class Section:
+    label: str
+    title: str
+    table: pd.DataFrame | None = None
+    missing: str = ""
+    figure: str | None = None
+    text: str | None = None          # a table already written as Markdown
+
+
+def runs_under(root: Path) -> list[Run]:
+    runs = []
+    for folder in run_folders(root):
+        info_file = folder / "run.json"
+        runs.append(Run(folder, OmegaConf.to_container(OmegaConf.load(folder / "config.yaml")),
+                        json.loads(info_file.read_text()) if info_file.is_file() else {}))
+    return runs
+
+
+def retention_section(root, runs, label, title, bounded, figures) -> Section:
+    chosen = [r for r in runs if r.task == "Retention" and r.bounded == bounded]
+    if not chosen:
+        need = "memdefrag experiment=retention_comparison (results/run_forgetting.sh)" if bounded else \
+            "results/run_accuracy.sh"
+        return Section(label, title, missing=f"no runs yet: {need}")
+    table = accuracy_table(records_of([r.folder for r in chosen]))
+    figure = figures / f"{label.split(':')[1]}.png"
+    accuracy_curves(table, figure)
+    return Section(label, title, table, figure=str(figure.relative_to(root)))
+
+
+def probe_section(root, runs) -> Section:
+    label, title = "tab:retrieval_layers", "Tracing per layer: mean rank of the target, Top-k tracing accuracy (%)"
+    chosen = [r for r in runs if r.task == "Probe"]
+    if not chosen:
+        return Section(label, title, missing="no runs yet: memdefrag experiment=probe")
+    frames = []
+    for run, name in zip(chosen, run_labels([r.config for r in chosen])):
+        records = [json.loads(line) for line in (run.folder / "predictions.jsonl").read_text().splitlines() if line]
+        memory = "text" if run.config["method"]["label"] == "text" else "latent"
+        table = tracing_table(records).groupby("query_mode").head(5)
+        table.insert(0, "run", f"{run.config['model']['name']} {memory} {run.config['prompt']} "
+                               f"{run.config['formation']} {name}".strip())
+        frames.append(table)
+    return Section(label, title, pd.concat(frames).round(2))
+
+
+def runtime_section(runs) -> tuple[Section, Section]:
+    rows = [{"dataset": r.config["task"]["dataset"], "updates": r.config["task"].get("updates"),
+             "forgetting": r.config.get("forgetting", {}).get("label", "unbounded"),
+             "method": r.config["method"]["label"], "threads": r.info.get("threads"),
+             "seconds_per_group": r.info.get("seconds", {}).get("per_group"),
+             **{k: v for k, v in r.info.get("peak_memory", {}).items()}}
+            for r in runs if r.task == "Retention" and r.info]
+    runtime = Section("tab:runtime", "Time per group (s; CPU, threads as stated)")
+    memory = Section("tab:gpu-memory", "Peak memory (MB): process RSS on CPU, CUDA allocator on GPU")
+    if not rows:
+        runtime.missing = memory.missing = "no finished runs yet"
+        return runtime, memory
+    frame = pd.DataFrame(rows)
+    index = ["dataset", "updates", "forgetting", "threads"]
+    runtime.table = frame.pivot_table(index=index, columns="method", values="seconds_per_group").round(1)
+    peak = [c for c in ("cuda_mb", "cpu_rss_mb") if c in frame]
+    memory.table = frame.pivot_table(index=index, columns="method", values=peak[0], aggfunc="max").round(0)
+    memory.title += f" ({peak[0]})"
+    return runtime, memory
+
+
+def tracer_summary_section() -> Section:
+    section = Section("tab:top_tracing_layer_summary", "Recommended tracer layer per model (memdefrag tracer-sweep)")
+    chosen = recorded()
+    if not chosen:
+        section.missing = f"no model swept yet ({tracers_file()})"
+    else:
+        section.table = pd.DataFrame.from_dict(chosen, orient="index").rename_axis("model")
+    return section
+
+
+def speed_section(root: Path) -> Section:
+    section = Section("speed", "Speed of one question: fast against hidden-prefix backend (memdefrag-bench)")
+    files = sorted(root.glob("speed*.md"))
+    if files:
+        section.text = "\n\n".join(f"`{f.name}`: " + f.read_text().strip() for f in files)
+    else:
+        section.missing = "no runs yet: memdefrag-bench --out results/speed_cpu.md"
+    return section
+
+
+NOT_YET = {
+    "tab:longbench": "LongBench: the task is not built yet",
+    "tab:defrag_memoryllm_mplus": "MemoryLLM / M+ with defragmentation: the baselines are not built yet",
+    "tab:compression_comparison": "prompt compression (LLMLingua-2): not built yet",
+    "tab:larger_backbones": "larger backbones: needs a GPU with real weights",
+}
+
+
+def build(root: Path) -> list[Section]:
+    runs = runs_under(root)
+    figures = root / "figures"
+    figures.mkdir(exist_ok=True)
+    sections = [
+        retention_section(root, runs, "tab:retention", "Knowledge retention, accuracy (%) per update step "
+                          "(unbounded memory)", False, figures),
+        retention_section(root, runs, "tab:retention_comparison", "Knowledge retention with forgetting, "
+                          "accuracy (%) at steps 10..50", True, figures),
+        probe_section(root, runs),
+        tracer_summary_section(),
+        *runtime_section(runs),
+        speed_section(root),
+    ]
+    sections += [Section(label, label.split(":")[1].replace("_", " "), missing=why) for label, why in NOT_YET.items()]
+    return sections
+
+
+def write(root: Path) -> Path:
+    """Tables under root/tables (Markdown and LaTeX), figures under root/figures, root/README.md."""
+    sections = build(root)
+    tables = root / "tables"
+    tables.mkdir(exist_ok=True)
+    notes = root / "notes.md"
+    parts = [notes.read_text().rstrip() if notes.is_file() else "# Results",
+             "<!-- Everything below is generated by `memdefrag report results`; edit notes.md instead. -->"]
+    for section in sections:
+        parts.append(f"## {section.title} (`{section.label}`)")
+        if section.text is not None:
+            parts.append(section.text)
+            continue
+        if section.table is None:
+            parts.append(f"_{section.missing}_")
+            continue
+        name = section.label.split(":")[1]
+        flat = section.table if isinstance(section.table.index, pd.RangeIndex) else section.table.reset_index()
+        markdown = flat.astype(object).where(flat.notna(), "").to_markdown(index=False)
+        (tables / f"{name}.md").write_text(markdown + "\n")
+        (tables / f"{name}.tex").write_text(section.table.to_latex(float_format="%.1f", na_rep="--",
+                                                                   caption=section.title, label=section.label))
+        parts.append(markdown)
+        if section.figure:
+            parts.append(f"![{section.title}]({section.figure})")
+    readme = root / "README.md"
+    readme.write_text("\n\n".join(parts) + "\n")
+    return readme
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="memdefrag report", description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="?", default="results")
+    print(write(Path(parser.parse_args(argv).results)))

@@ -1,0 +1,36 @@
+"""`memdefrag report`: tables from whatever results exist, a note where none do, notes kept on top."""
+
+import json
+import re
+
+from omegaconf import OmegaConf
+
+from harness.report import write
+
+
+def fake_run(folder, task, method, records, forgetting="unbounded", info=None):
+    folder.mkdir(parents=True)
+    config = {"task": {"_target_": f"evals.x.{task}", "dataset": "nqa", "updates": 50},
+              "method": {"label": method}, "forgetting": {"label": forgetting}, "model": {"name": "m"},
+              "prompt": "chat", "formation": "shared_sink"}
+    (folder / "config.yaml").write_text(OmegaConf.to_yaml(config))
+    (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if info:
+        (folder / "run.json").write_text(json.dumps(info))
+
+
+def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
+    (tmp_path / "notes.md").write_text("# Our results\n\nHow they were made.")
+    steps = [{"group": 0, "step": s, "correct": s == 10} for s in (10, 20)]
+    fake_run(tmp_path / "f" / "a", "Retention", "memdefrag_top2", steps, "informativeness",
+             {"threads": 1, "seconds": {"per_group": 12.5}, "peak_memory": {"cpu_rss_mb": 900}})
+    fake_run(tmp_path / "p" / "b", "Probe", "vanilla", [{"ranks": {"last": [2, 1], "mean": [1, 3]}}])
+    readme = write(tmp_path).read_text()
+    assert readme.startswith("# Our results\n\nHow they were made.")
+    assert "_no runs yet: results/run_accuracy.sh_" in readme                       # tab:retention
+    assert "memdefrag_top2+informativeness" in readme                               # tab:retention_comparison
+    assert re.search(r"\| nqa +\| 10 +\| +100 \|", readme)
+    assert "m latent chat shared_sink vanilla" in readme and "12.5" in readme and "900" in readme
+    assert "_LongBench: the task is not built yet_" in readme
+    assert (tmp_path / "tables" / "retention_comparison.tex").read_text().count("\\label{tab:retention_comparison}")
+    assert (tmp_path / "figures" / "retention_comparison.png").stat().st_size > 1000
