@@ -9,7 +9,6 @@ substring of the output.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -81,13 +80,11 @@ class Retention:
         texts = [group.target.context + "\n\n", *group.distractors]
         target_id = None
         for step in range(1, self.updates + 1):
-            start = time.perf_counter()
             fid = session.store(texts[step - 1], reuse=step > 1)     # distractors recur in every group
             if step == 1:
                 target_id = fid
             if self.shuffle:
                 session.shuffle(generator)
-            update_seconds = time.perf_counter() - start
             if step not in self.eval_steps:
                 continue
             observed = self.observe(session, target_id, group)
@@ -101,7 +98,7 @@ class Retention:
                 "target_tokens": session.memory.length_of(target_id),
                 "target_rank": _rank_of(target_id, answer.densities),
                 "target_position": ids.index(target_id) + 1 if target_id in ids else None,
-                "seconds": {"update": update_seconds, **answer.seconds}, **observed,
+                "seconds": {**session.update_seconds, **answer.seconds}, **observed,
             }
 
     def observe(self, session, target_id: int, group: Group) -> dict:

@@ -58,6 +58,15 @@ def preflight(cfg: DictConfig):
     return spec, method, task, forgetting
 
 
+def phase_totals(records: list[dict]) -> dict[str, float]:
+    """Seconds spent per phase (formation, forgetting, trace, defragment, generate, ...) over the run's records."""
+    totals: dict[str, float] = {}
+    for record in records:
+        for phase, seconds in record.get("seconds", {}).items():
+            totals[phase] = totals.get(phase, 0.0) + seconds
+    return totals
+
+
 def run(cfg: DictConfig, run_dir: str):
     """Run the task with the method; returns the task's metrics table."""
     if cfg.threads:
@@ -93,7 +102,8 @@ def run(cfg: DictConfig, run_dir: str):
     info = {"method": label, "forgetting": cfg.forgetting.label, "capacity": forgetting.capacity,
             "model": spec.name, "backend": cfg.backend, "formation": cfg.formation,
             "prompt": cfg.prompt, "groups": len(groups), "threads": torch.get_num_threads(),
-            "seconds": {"total": sum(group_seconds), "per_group": sum(group_seconds) / len(groups)},
+            "seconds": {"total": sum(group_seconds), "per_group": sum(group_seconds) / len(groups),
+                        "phases": phase_totals(records)},
             "peak_memory": peak_memory_mb()}
     folder.finish(metrics, info)
     logger = instantiate(cfg.logger, _partial_=True)(run_dir=run_dir,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,11 +16,13 @@ class Plan:
     latent: the memory to use as a per-layer prefix (None: no latent prefix).
     text_ids: plain tokens placed before the prompt instead (text memory), or None.
     densities: attention density of every stored fragment, in memory order, where traced.
+    seconds: time per phase of planning (e.g. trace, defragment), where a method has phases.
     """
 
     latent: LatentMemory | None = None
     text_ids: torch.Tensor | None = None
     densities: torch.Tensor | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 class Method:

@@ -3,6 +3,8 @@ reorder them densest-nearest-the-prompt, keep the Top-K."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from methods.base import Method, Plan
@@ -35,6 +37,10 @@ class MemDefrag(Method):
     def plan(self, memory, prompt_ids, backend) -> Plan:
         if len(memory) == 0:
             return Plan(latent=memory)
+        start = time.perf_counter()
         rows = backend.attention_rows(memory, prompt_ids, [self.tracer_layer])[self.tracer_layer]
         density = densities(rows, memory.spans(), self.query_mode)
-        return Plan(latent=memory.arranged(defragment(density, self.k)), densities=density)
+        traced = time.perf_counter()
+        view = memory.arranged(defragment(density, self.k))
+        return Plan(latent=view, densities=density,
+                    seconds={"trace": traced - start, "defragment": time.perf_counter() - traced})

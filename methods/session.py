@@ -39,7 +39,7 @@ class Answer:
     text: str
     memory_tokens: int            # memory positions the answer was generated with (text ones included)
     densities: dict[int, float]   # fragment id -> attention density, where the method traced
-    seconds: dict[str, float]     # per phase: plan (tracing + defragmentation), generate
+    seconds: dict[str, float]     # per phase: the method's (e.g. trace, defragment) or plan, then generate
 
 
 class Session:
@@ -53,13 +53,17 @@ class Session:
                              keep_states=latent and backend.keep_states, reuse=reuse,
                              keep_self_info=self.forgetting.needs_self_info)
         self.memory = LatentMemory()
+        self.update_seconds: dict[str, float] = {}     # the last store's formation and forgetting
         self._stop = stop_ids(model, tokenizer)
 
     def store(self, text: str, reuse: bool = False) -> int:
         """Form one fragment and admit it, forgetting to stay within capacity; returns its id.
         reuse: the text recurs (see Former.next_fragment)."""
+        start = time.perf_counter()
         fragment = self.former.next_fragment(self.memory, text, reuse)
+        formed = time.perf_counter()
         self.forgetting.admit(self.memory, fragment)
+        self.update_seconds = {"formation": formed - start, "forgetting": time.perf_counter() - formed}
         return fragment.fid
 
     @torch.no_grad()
@@ -92,4 +96,4 @@ class Session:
         t2 = time.perf_counter()
         dens = {} if plan.densities is None else dict(zip(self.memory.ids(), plan.densities.tolist()))
         return Answer(self.tokenizer.decode(new_ids, skip_special_tokens=True), memory_tokens, dens,
-                      {"plan": t1 - t0, "generate": t2 - t1})
+                      {**(plan.seconds or {"plan": t1 - t0}), "generate": t2 - t1})

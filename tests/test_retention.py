@@ -88,6 +88,8 @@ class RecordingSession:
         self.next += 1
         return self.next - 1
 
+    update_seconds = {"formation": 0.0, "forgetting": 0.0}
+
     def shuffle(self, generator):
         self.calls.append(("shuffle",))
 
@@ -126,4 +128,4 @@ def test_forgetting_bounds_the_memory_across_updates(tmp_path, llama, tokenizer)
     assert max(sizes) == 200 and sizes[-1] == 200 and sizes == sorted(sizes)
     target = [r["target_tokens"] for r in records]
     assert target[0] == 23 and 0 < target[-1] < target[0] and target == sorted(target, reverse=True)
-    assert all(r["target_rank"] is not None and r["seconds"]["update"] > 0 for r in records)
+    assert all(r["target_rank"] is not None and r["seconds"]["formation"] > 0 for r in records)
