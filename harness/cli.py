@@ -6,6 +6,7 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from harness import report, shards, tracers
@@ -15,8 +16,10 @@ from harness.runner import run
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def app(cfg: DictConfig):
+    hydra_cfg = HydraConfig.get()
+    sweep_dir = hydra_cfg.sweep.dir if hydra_cfg.mode == RunMode.MULTIRUN else None
     try:
-        return run(cfg, HydraConfig.get().runtime.output_dir)
+        return run(cfg, hydra_cfg.runtime.output_dir, sweep_dir)
     except ConfigError as err:
         print(f"memdefrag: error: {err}", file=sys.stderr)
         sys.exit(2)

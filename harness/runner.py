@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
@@ -67,8 +68,8 @@ def phase_totals(records: list[dict]) -> dict[str, float]:
     return totals
 
 
-def run(cfg: DictConfig, run_dir: str):
-    """Run the task with the method; returns the task's metrics table."""
+def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
+    """Run the task with the method; returns the task's metrics table. sweep_dir: the multirun's folder."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -106,8 +107,11 @@ def run(cfg: DictConfig, run_dir: str):
                         "phases": phase_totals(records)},
             "peak_memory": peak_memory_mb()}
     folder.finish(metrics, info)
-    logger = instantiate(cfg.logger, _partial_=True)(run_dir=run_dir,
-                                                     run_config=OmegaConf.to_container(cfg, resolve=True))
+    tags = [f"method:{label}", f"task:{cfg.task._target_.rsplit('.', 1)[-1]}", f"dataset:{cfg.task.dataset}",
+            f"model:{spec.name}", f"forgetting:{cfg.forgetting.label}"]
+    logger = instantiate(cfg.logger, _partial_=True)(
+        run_dir=run_dir, run_config=OmegaConf.to_container(cfg, resolve=True),
+        default_group=Path(sweep_dir).name if sweep_dir else None, default_tags=tags)
     logger.log_run(metrics, records, info)
     print(f"\n{label} on {cfg.task.dataset} ({len(groups)} groups, model {spec.name}, backend {cfg.backend}, "
           f"prompt {cfg.prompt}, formation {cfg.formation})")
