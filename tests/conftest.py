@@ -103,11 +103,12 @@ def tiny_checkpoint(tmp_path_factory):
     return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_llama"))
 
 
-def tiny_run_config(checkpoint: str, *overrides: str):
-    """The harness config of a small retention run on the tiny checkpoint."""
+def tiny_run_config(checkpoint: str, *overrides: str, small_task: bool = True):
+    """The harness config of a run on the tiny checkpoint; small_task: 4 groups of 3 updates."""
     from hydra import compose, initialize_config_module
 
     base = [f"model.source={checkpoint}", "model.name=tiny_llama", "model.tracer_layer=1",
-            "model.memory_capacity=300", "logger=none", "task.groups=4", "task.updates=3", "max_new_tokens=4"]
+            "model.memory_capacity=300", "logger=none", "max_new_tokens=4"]
+    base += ["task.groups=4", "task.updates=3"] if small_task else []
     with initialize_config_module("conf", version_base="1.3"):
         return compose("config", overrides=base + list(overrides))
