@@ -108,7 +108,7 @@ def tracer_summary_section() -> Section:
     section = Section("tab:top_tracing_layer_summary", "Recommended tracer layer per model (memdefrag tracer-sweep)")
     chosen = recorded()
     if not chosen:
-        section.missing = f"no model swept yet ({tracers_file()})"
+        section.missing = f"no model swept yet ({tracers_file().name} is empty)"
     else:
         section.table = pd.DataFrame.from_dict(chosen, orient="index").rename_axis("model")
     return section
@@ -128,7 +128,7 @@ NOT_YET = {
     "tab:longbench": "LongBench: the task is not built yet",
     "tab:defrag_memoryllm_mplus": "MemoryLLM / M+ with defragmentation: the baselines are not built yet",
     "tab:compression_comparison": "prompt compression (LLMLingua-2): not built yet",
-    "tab:larger_backbones": "larger backbones: needs a GPU with real weights",
+    "tab:larger_backbones": "no results: run experiment=larger_backbones on GPUs with the real weights",
 }
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")    # before transformers reads it: no hub timeouts in tests
 
 import pytest
 import torch
 from transformers import (AutoModelForCausalLM, Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config,
                           Qwen3Config)
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
@@ -108,7 +111,24 @@ def tiny_run_config(checkpoint: str, *overrides: str, small_task: bool = True):
     from hydra import compose, initialize_config_module
 
     base = [f"model.source={checkpoint}", "model.name=tiny_llama", "model.tracer_layer=1",
-            "model.memory_capacity=300", "logger=none", "max_new_tokens=4"]
+            "model.memory_capacity=300", "model.device_map=null", "model.dtype=float32",
+            "model.query_mode=mean", "logger=none", "max_new_tokens=4"]
     base += ["task.groups=4", "task.updates=3"] if small_task else []
     with initialize_config_module("conf", version_base="1.3"):
         return compose("config", overrides=base + list(overrides))
+
+
+EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "experiment").glob("*.yaml"))
+
+
+def sweep_points(experiment: str, keep_first: tuple[str, ...] = ()) -> list[list[str]]:
+    """The override lists of every run in an experiment's multirun; keys in `keep_first` keep only their
+    first value (a model axis, when the tiny checkpoint stands in for every model)."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module("conf", version_base="1.3"):
+        sweep = compose("config", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+    params = {key: str(values).split(",")[:1 if key in keep_first else None]
+              for key, values in sweep.hydra.sweeper.params.items()}
+    assert params, f"experiment {experiment} sweeps nothing"
+    return [[f"{k}={v}" for k, v in zip(params, values)] for values in itertools.product(*params.values())]
