@@ -84,19 +84,19 @@ def probe_section(root, runs) -> Section:
 
 
 def runtime_section(runs) -> tuple[Section, Section]:
+    finished = [r for r in runs if r.task == "Retention" and r.info]
     rows = [{"dataset": r.config["task"]["dataset"], "updates": r.config["task"].get("updates"),
-             "forgetting": r.config.get("forgetting", {}).get("label", "unbounded"),
-             "method": r.config["method"]["label"], "threads": r.info.get("threads"),
+             "method": label, "threads": r.info.get("threads"),
              "seconds_per_group": r.info.get("seconds", {}).get("per_group"),
              **{k: v for k, v in r.info.get("peak_memory", {}).items()}}
-            for r in runs if r.task == "Retention" and r.info]
+            for r, label in zip(finished, run_labels([r.config for r in finished]))]
     runtime = Section("tab:runtime", "Time per group (s; CPU, threads as stated)")
     memory = Section("tab:gpu-memory", "Peak memory (MB): process RSS on CPU, CUDA allocator on GPU")
     if not rows:
         runtime.missing = memory.missing = "no finished runs yet"
         return runtime, memory
     frame = pd.DataFrame(rows)
-    index = ["dataset", "updates", "forgetting", "threads"]
+    index = ["dataset", "updates", "threads"]
     runtime.table = frame.pivot_table(index=index, columns="method", values="seconds_per_group").round(1)
     peak = [c for c in ("cuda_mb", "cpu_rss_mb") if c in frame]
     memory.table = frame.pivot_table(index=index, columns="method", values=peak[0], aggfunc="max").round(0)

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from harness.errors import ConfigError
 from harness.plugins import build
 from harness.results import ResultFolder, metrics_table, read_jsonl, read_run_info
+from harness.summary import run_folders
 
 
 def parse(spec: str | None) -> tuple[int, int] | None:
@@ -41,12 +42,12 @@ def select(groups: list, shard: tuple[int, int] | None) -> list:
 def merge_sweep(folder: str | Path) -> list[Path]:
     """Merge every complete set of shards under `folder` into `folder`/merged/<run>; returns those runs."""
     sets: dict[str, list[tuple[Path, tuple[int, int]]]] = defaultdict(list)
-    for config_file in sorted(Path(folder).glob("**/config.yaml")):
-        cfg = OmegaConf.load(config_file)
-        if cfg.get("shard") is None or "merged" in config_file.parts:
+    for run_dir in run_folders(folder):       # result folders only: Hydra's own .hydra/config.yaml is no run
+        cfg = OmegaConf.load(run_dir / "config.yaml")
+        if cfg.get("shard") is None:
             continue
         unsharded = OmegaConf.to_yaml(OmegaConf.merge(cfg, {"shard": None}))
-        sets[unsharded].append((config_file.parent, parse(cfg.shard)))
+        sets[unsharded].append((run_dir, parse(cfg.shard)))
     merged = []
     for unsharded, shards in sets.items():
         count = shards[0][1][1]

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -25,7 +26,10 @@ def answers(folder):
 def test_merged_shards_equal_the_unsharded_run(tmp_path, tiny_checkpoint):
     run(tiny_run_config(tiny_checkpoint, *RUN), str(tmp_path / "whole"))
     for i in range(2):
-        run(tiny_run_config(tiny_checkpoint, *RUN, f"shard={i}/2"), str(tmp_path / "sweep" / f"{i}_run"))
+        shard = tmp_path / "sweep" / f"{i}_run"
+        run(tiny_run_config(tiny_checkpoint, *RUN, f"shard={i}/2"), str(shard))
+        (shard / ".hydra").mkdir()                     # what a Hydra job leaves beside the results: no shard
+        shutil.copy(shard / "config.yaml", shard / ".hydra" / "config.yaml")
     [merged] = merge_sweep(tmp_path / "sweep")
     assert answers(merged) == answers(tmp_path / "whole")
     assert (merged / "metrics.csv").read_text() == (tmp_path / "whole" / "metrics.csv").read_text()
