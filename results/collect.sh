@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Copies finished or partial runs into results/<STUDY>/<dataset>/<method>[+<forgetting>]/ and rebuilds
+# results/README.md (tables, figures) from everything under results/.
+# Usage: results/collect.sh RUNS_DIR STUDY   e.g. results/collect.sh outputs/accuracy retention
+set -euo pipefail
+runs=$1; study=$2
+find "$runs" -name predictions.jsonl -not -path "*/merged/*" | while read -r predictions; do
+  run=$(dirname "$predictions")
+  where=$(python -c "
+from omegaconf import OmegaConf as O
+c = O.load('$run/config.yaml'); f = c.forgetting.label
+print(c.task.dataset + '/' + c.method.label + ('' if f == 'unbounded' else '+' + f))")
+  mkdir -p "results/$study/$where"
+  for file in config.yaml predictions.jsonl groups.jsonl metrics.csv run.json; do
+    if [ -f "$run/$file" ]; then cp "$run/$file" "results/$study/$where/"; fi
+  done
+done
+memdefrag report results
