@@ -8,7 +8,6 @@ at the best-correlated layer, and the correlation bars (PNG), plus correlations.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +16,7 @@ from omegaconf import OmegaConf
 from evals.distortion import correlations, density_by_step
 from evals.probe import tracing_table
 from harness.figures import accuracy_and_density, correlation_bars, density_heatmap
+from harness.results import read_jsonl
 from methods.tracing import QUERY_MODES
 
 
@@ -24,7 +24,7 @@ def write_analysis(folder: str | Path) -> list[Path]:
     """The figures and tables of one run folder; returns what was written."""
     folder = Path(folder)
     target = OmegaConf.load(folder / "config.yaml").task._target_
-    records = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines() if line]
+    records = read_jsonl(folder / "predictions.jsonl")
     if target.endswith("Probe"):
         out = folder / "tracing.md"
         out.write_text(tracing_table(records).to_markdown(index=False, floatfmt=".2f") + "\n")

@@ -8,7 +8,6 @@ mean) followed by one generated section per paper table; a table without results
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from omegaconf import OmegaConf
 
 from evals.probe import tracing_table
 from harness.figures import accuracy_curves
+from harness.results import read_jsonl, read_run_info
 from harness.tracers import recorded, tracers_file
 from harness.summary import accuracy_table, records_of, run_folders, run_labels
 
@@ -49,9 +49,8 @@ class Section:
 def runs_under(root: Path) -> list[Run]:
     runs = []
     for folder in run_folders(root):
-        info_file = folder / "run.json"
         runs.append(Run(folder, OmegaConf.to_container(OmegaConf.load(folder / "config.yaml")),
-                        json.loads(info_file.read_text()) if info_file.is_file() else {}))
+                        read_run_info(folder) if (folder / "run.json").is_file() else {}))
     return runs
 
 
@@ -74,7 +73,7 @@ def probe_section(root, runs) -> Section:
         return Section(label, title, missing="no runs yet: memdefrag experiment=probe")
     frames = []
     for run, name in zip(chosen, run_labels([r.config for r in chosen])):
-        records = [json.loads(line) for line in (run.folder / "predictions.jsonl").read_text().splitlines() if line]
+        records = read_jsonl(run.folder / "predictions.jsonl")
         memory = "text" if run.config["method"]["label"] == "text" else "latent"
         table = tracing_table(records).groupby("query_mode").head(5)
         table.insert(0, "run", f"{run.config['model']['name']} {memory} {run.config['prompt']} "

@@ -6,12 +6,13 @@ final metrics lets an interrupted run count for the groups it finished.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
+
+from harness.results import read_jsonl
 
 
 # settings a run's label already says, or that do not make it another run
@@ -31,7 +32,7 @@ def records_of(folders: list[Path]) -> pd.DataFrame:
     runs = []
     for folder in folders:
         config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"))
-        records = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines() if line]
+        records = read_jsonl(folder / "predictions.jsonl")
         if records and "correct" in records[0]:
             runs.append((config, records))
     labels = run_labels([config for config, _ in runs])
