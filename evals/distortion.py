@@ -14,6 +14,7 @@ import pandas as pd
 from scipy import stats
 
 from evals.retention import Retention
+from harness.models import num_layers
 from methods.session import format_prompt
 from methods.tracing import QUERY_MODES, densities
 
@@ -26,7 +27,7 @@ class Distortion(Retention):
 
     def observe(self, session, target_id, group) -> dict:
         """The target's density at every layer, per query mode."""
-        layers = list(range(session.model.config.get_text_config().num_hidden_layers))
+        layers = list(range(num_layers(session.model.config)))
         prompt_ids = format_prompt(session.tokenizer, group.target.question, session.prompt)
         rows = session.trace(session.memory, prompt_ids, layers)
         index = session.memory.ids().index(target_id)

@@ -16,6 +16,7 @@ import pandas as pd
 
 from evals.retention import Group, Retention
 from harness.errors import ConfigError
+from harness.models import num_layers
 from methods.session import format_prompt
 from methods.tracing import QUERY_MODES, densities, ranks
 
@@ -59,7 +60,7 @@ class Probe:
         for text in group.distractors:
             session.store(text, reuse=True)
         prompt_ids = format_prompt(session.tokenizer, group.target.question, session.prompt)
-        layers = self.layers_of(session.model.config.get_text_config().num_hidden_layers)
+        layers = self.layers_of(num_layers(session.model.config))
         others = [i for i, fid in enumerate(session.memory.ids()) if fid != target]
         for position in self.positions:
             start = time.perf_counter()
