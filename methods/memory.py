@@ -111,6 +111,12 @@ class LatentMemory:
         """Evict from fragment `index` every token not in `positions` (coherent across layers)."""
         self.fragments[index] = self.fragments[index].take(positions)
 
+    def text_ids(self) -> torch.Tensor | None:
+        """The memory as plain tokens, sink then fragments in order (None when empty): what text
+        memory places before the prompt, with no positional distortion."""
+        parts = [f.token_ids for f in [self.sink, *self.fragments] if f is not None]
+        return torch.cat(parts) if parts else None
+
     def stacked(self, name: str, dim: int) -> torch.Tensor:
         """Sink and fragments' tensor `name` concatenated along their token dim."""
         parts = [getattr(f, name) for f in [self.sink, *self.fragments]]

@@ -72,7 +72,7 @@ class Session:
         a latent prefix (the backend's), or the same fragments as plain tokens."""
         if self.method.needs_latent:
             return self.backend.attention_rows(view, prompt_ids, layers)
-        ids = torch.cat([f.token_ids for f in [view.sink, *view.fragments]] + [prompt_ids])
+        ids = torch.cat([view.text_ids(), prompt_ids])
         return text_attention_rows(self.model, ids, len(prompt_ids), layers)
 
     def shuffle(self, generator: torch.Generator) -> None:
