@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -14,15 +15,22 @@ from harness.errors import ConfigError
 from harness.runner import run
 
 
+@contextmanager
+def stops_on_config_error(prog: str):
+    """Bad input ends the command with one line on stderr and exit status 2, never a traceback."""
+    try:
+        yield
+    except ConfigError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def app(cfg: DictConfig):
     hydra_cfg = HydraConfig.get()
     sweep_dir = hydra_cfg.sweep.dir if hydra_cfg.mode == RunMode.MULTIRUN else None
-    try:
+    with stops_on_config_error("memdefrag"):
         return run(cfg, hydra_cfg.runtime.output_dir, sweep_dir)
-    except ConfigError as err:
-        print(f"memdefrag: error: {err}", file=sys.stderr)
-        sys.exit(2)
 
 
 @hydra.main(config_path="../conf", config_name="tracer_sweep", version_base="1.3")
@@ -30,11 +38,8 @@ def tracer_sweep(cfg: DictConfig):
     """Probe the candidate layers, then record the best (layer, query mode) for the model."""
     if cfg.full:
         cfg.task.layers = "all"
-    try:
+    with stops_on_config_error("memdefrag tracer-sweep"):
         table = run(cfg, HydraConfig.get().runtime.output_dir)
-    except ConfigError as err:
-        print(f"memdefrag tracer-sweep: error: {err}", file=sys.stderr)
-        sys.exit(2)
     best = table.iloc[table["mean_rank"].idxmin()]
     choice = {"tracer_layer": int(best["layer"]), "query_mode": str(best["query_mode"]),
               "mean_rank": round(float(best["mean_rank"]), 3), "top1": round(float(best["top1"]), 1),
@@ -52,13 +57,10 @@ def merge(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="memdefrag merge", description=merge.__doc__)
     parser.add_argument("folders", nargs="+")
     args = parser.parse_args(argv)
-    try:
+    with stops_on_config_error("memdefrag merge"):
         for folder in args.folders:
-            for run in shards.merge_sweep(folder):
-                print(f"merged: {run}")
-    except ConfigError as err:
-        print(f"memdefrag merge: error: {err}", file=sys.stderr)
-        sys.exit(2)
+            for merged in shards.merge_sweep(folder):
+                print(f"merged: {merged}")
 
 
 def main() -> None:
