@@ -106,16 +106,20 @@ def tiny_checkpoint(tmp_path_factory):
     return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_llama"))
 
 
-def tiny_run_config(checkpoint: str, *overrides: str, small_task: bool = True):
-    """The harness config of a run on the tiny checkpoint; small_task: 4 groups of 3 updates."""
-    from hydra import compose, initialize_config_module
-
+def tiny_overrides(checkpoint: str, small_task: bool = True) -> list[str]:
+    """The overrides that put a run on the tiny checkpoint; small_task: 4 groups of 3 updates."""
     base = [f"model.source={checkpoint}", "model.name=tiny_llama", "model.tracer_layer=1",
             "model.memory_capacity=300", "model.device_map=null", "model.dtype=float32",
             "model.query_mode=mean", "logger=none", "max_new_tokens=4"]
-    base += ["task.groups=4", "task.updates=3"] if small_task else []
+    return base + (["task.groups=4", "task.updates=3"] if small_task else [])
+
+
+def tiny_run_config(checkpoint: str, *overrides: str, small_task: bool = True):
+    """The harness config of a run on the tiny checkpoint: tiny_overrides, then `overrides`."""
+    from hydra import compose, initialize_config_module
+
     with initialize_config_module("conf", version_base="1.3"):
-        return compose("config", overrides=base + list(overrides))
+        return compose("config", overrides=tiny_overrides(checkpoint, small_task) + list(overrides))
 
 
 EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "experiment").glob("*.yaml"))

@@ -12,7 +12,7 @@ import pytest
 from harness.errors import ConfigError
 from harness.runner import run
 from harness.shards import merge_sweep, parse
-from tests.conftest import tiny_run_config
+from tests.conftest import tiny_overrides, tiny_run_config
 
 RUN = ("method=memdefrag_top1", "forgetting=random", "model.memory_capacity=200", "task.groups=4")
 
@@ -49,10 +49,10 @@ def test_bad_shards_are_refused(spec):
 
 
 def test_a_run_killed_mid_group_resumes_to_the_same_result(tmp_path, tiny_checkpoint):
-    overrides = [*RUN, "task.groups=12", "task.updates=4", f"model.source={tiny_checkpoint}", "model.name=tiny",
-                 "model.tracer_layer=1", "logger=none", "max_new_tokens=4"]
+    overrides = [*RUN, "task.groups=12", "task.updates=4"]
     run(tiny_run_config(tiny_checkpoint, *overrides), str(tmp_path / "whole"))
-    command = [sys.executable, "-m", "harness", *overrides, f"hydra.run.dir={tmp_path / 'killed'}"]
+    command = [sys.executable, "-m", "harness", *tiny_overrides(tiny_checkpoint), *overrides,
+               f"hydra.run.dir={tmp_path / 'killed'}"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ)
     marker = tmp_path / "killed" / "groups.jsonl"
     while not (marker.exists() and marker.read_text().count("\n") >= 2):
@@ -67,20 +67,16 @@ def test_a_run_killed_mid_group_resumes_to_the_same_result(tmp_path, tiny_checkp
     assert answers(tmp_path / "killed") == answers(tmp_path / "whole")
 
 
-def test_tracer_sweep_records_a_layer_that_memdefrag_then_uses(tmp_path, tiny_checkpoint):
-    env = {**os.environ, "MEMDEFRAG_TRACERS": str(tmp_path / "tracers.yaml")}
+def test_tracer_sweep_records_a_layer_that_memdefrag_then_uses(tmp_path, tiny_checkpoint, monkeypatch):
+    monkeypatch.setenv("MEMDEFRAG_TRACERS", str(tmp_path / "tracers.yaml"))
     model = [f"model.source={tiny_checkpoint}", "model.name=tiny", "model.memory_capacity=null"]
     done = subprocess.run([sys.executable, "-m", "harness", "tracer-sweep", *model, "task.dataset=synthetic",
                            "task.groups=2", "task.fragments=3", f"hydra.run.dir={tmp_path / 'sweep'}"],
-                          capture_output=True, text=True, env=env, timeout=600)
+                          capture_output=True, text=True, env=os.environ, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     import yaml
     choice = yaml.safe_load((tmp_path / "tracers.yaml").read_text())["tiny"]
     assert choice["tracer_layer"] in (1, 2) and choice["query_mode"] in ("last", "mean")   # the band of 3 layers
-    os.environ["MEMDEFRAG_TRACERS"] = env["MEMDEFRAG_TRACERS"]
-    try:
-        cfg = tiny_run_config(tiny_checkpoint, "model.name=tiny", "model.tracer_layer=${tracer:tracer_layer,none}",
-                              "model.query_mode=${tracer:query_mode,last}")
-        assert (cfg.method.tracer_layer, cfg.method.query_mode) == (choice["tracer_layer"], choice["query_mode"])
-    finally:
-        del os.environ["MEMDEFRAG_TRACERS"]
+    cfg = tiny_run_config(tiny_checkpoint, "model.name=tiny", "model.tracer_layer=${tracer:tracer_layer,none}",
+                          "model.query_mode=${tracer:query_mode,last}")
+    assert (cfg.method.tracer_layer, cfg.method.query_mode) == (choice["tracer_layer"], choice["query_mode"])
