@@ -28,6 +28,14 @@ def test_every_plugin_config_instantiates(group):
             build(cfg[group], group)
 
 
+@pytest.mark.parametrize("launcher, target", [("slurm", "SlurmLauncher"), ("local", "LocalLauncher")])
+def test_the_launchers_compose_to_submitit(launcher, target):
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose("config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+    assert cfg.hydra.launcher._target_ == f"hydra_plugins.hydra_submitit_launcher.submitit_launcher.{target}"
+    assert cfg.hydra.launcher.gpus_per_node == (1 if launcher == "slurm" else 0)
+
+
 def test_every_model_config_composes():
     for path in sorted((CONF / "model").glob("*.yaml")):
         overrides = ["model.source=x"] if path.stem == "hf" else []
