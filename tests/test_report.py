@@ -2,6 +2,8 @@
 
 import json
 import re
+import shutil
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
@@ -34,3 +36,9 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert "_LongBench: the task is not built yet_" in readme
     assert (tmp_path / "tables" / "retention_comparison.tex").read_text().count("\\label{tab:retention_comparison}")
     assert (tmp_path / "figures" / "retention_comparison.png").stat().st_size > 1000
+
+
+def test_the_committed_results_readme_is_what_report_writes(tmp_path):
+    results = Path(__file__).resolve().parents[1] / "results"
+    copy = shutil.copytree(results, tmp_path / "results")
+    assert write(copy).read_text() == (results / "README.md").read_text()
