@@ -25,6 +25,13 @@ from methods.session import Session, format_prompt
 
 log = logging.getLogger(__name__)
 BACKENDS = {"fast": KVPrefixBackend, "hidden_prefix": HiddenPrefixBackend}
+_FORMED: dict[tuple, dict] = {}
+
+
+def formed_fragments(spec: ModelSpec) -> dict:
+    """Recurring fragments already formed with this model in this process: formation is
+    deterministic, so the jobs of a sequential sweep (and the groups of a run) form each distractor once."""
+    return _FORMED.setdefault((spec.source, spec.gguf_file, spec.dtype, spec.device, spec.device_map), {})
 
 
 def preflight(cfg: DictConfig):
@@ -83,7 +90,7 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
     backend = BACKENDS[cfg.backend](model)
     folder = ResultFolder(run_dir, cfg, resume=cfg.resume)
     label = cfg.method.label
-    formed = {}
+    formed = formed_fragments(spec)
     if folder.done:
         log.info("resuming %s: %d of %d groups already finished", run_dir, len(folder.done), len(groups))
     for group in tqdm([g for g in groups if g.index not in folder.done], desc=f"{label} groups", unit="group",

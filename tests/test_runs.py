@@ -80,3 +80,19 @@ def test_tracer_sweep_records_a_layer_that_memdefrag_then_uses(tmp_path, tiny_ch
     cfg = tiny_run_config(tiny_checkpoint, "model.name=tiny", "model.tracer_layer=${tracer:tracer_layer,none}",
                           "model.query_mode=${tracer:query_mode,last}")
     assert (cfg.method.tracer_layer, cfg.method.query_mode) == (choice["tracer_layer"], choice["query_mode"])
+
+
+def test_a_sequential_sweep_forms_each_distractor_once(tmp_path, tiny_checkpoint, monkeypatch):
+    from harness import runner
+    from methods.formation import Former
+    monkeypatch.setattr(runner, "_FORMED", {})       # as in a fresh process
+    prefilled = []
+    original = Former._prefill
+    monkeypatch.setattr(Former, "_prefill", lambda self, ids, text, fid: prefilled.append(text) or original(self, ids, text, fid))
+    run(tiny_run_config(tiny_checkpoint, *RUN), str(tmp_path / "first"))
+    first = list(prefilled)
+    run(tiny_run_config(tiny_checkpoint, *RUN, "method=vanilla"), str(tmp_path / "second"))
+    second = prefilled[len(first):]
+    assert len(set(first)) == len(first)             # within a run: each distractor once, across its groups
+    targets = 4                                      # task.groups: each run forms its own targets
+    assert len(second) == targets < len(first)       # the second run forms no distractor again
