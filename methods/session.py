@@ -15,7 +15,7 @@ from methods.forgetting import Forgetting, NoForgetting
 from methods.formation import Former
 from methods.generation import greedy, stop_ids
 from methods.memory import LatentMemory
-from methods.tracing import text_attention_rows
+from methods.text_prefix import TextPrefix
 
 PROMPT_STYLES = ("plain", "chat")
 
@@ -54,6 +54,7 @@ class Session:
                              keep_self_info=self.forgetting.needs_self_info)
         self.memory = LatentMemory()
         self.update_seconds: dict[str, float] = {}     # the last store's formation and forgetting
+        self.text = TextPrefix(model)                   # plain-token memory (text, none)
         self._stop = stop_ids(model, tokenizer)
 
     def store(self, text: str, reuse: bool = False) -> int:
@@ -72,8 +73,7 @@ class Session:
         a latent prefix (the backend's), or the same fragments as plain tokens."""
         if self.method.needs_latent:
             return self.backend.attention_rows(view, prompt_ids, layers)
-        ids = torch.cat([view.text_ids(), prompt_ids])
-        return text_attention_rows(self.model, ids, len(prompt_ids), layers)
+        return self.text.attention_rows(view.text_ids(), prompt_ids, layers)
 
     def shuffle(self, generator: torch.Generator) -> None:
         self.memory.reorder(torch.randperm(len(self.memory), generator=generator).tolist())
@@ -88,10 +88,9 @@ class Session:
             logits, cache, position = self.backend.prefill(plan.latent, prompt_ids, room=self.max_new_tokens)
             memory_tokens = 1 + plan.latent.n_tokens
         else:
-            ids = prompt_ids if plan.text_ids is None else torch.cat([plan.text_ids, prompt_ids])
-            out = self.model(input_ids=ids.view(1, -1).to(self.model.device), use_cache=True, logits_to_keep=1)
-            logits, cache, position = out.logits[0], out.past_key_values, len(ids)
-            memory_tokens = len(ids) - len(prompt_ids)
+            text_ids = torch.empty(0, dtype=torch.long) if plan.text_ids is None else plan.text_ids
+            logits, cache, position = self.text.prefill(text_ids, prompt_ids)
+            memory_tokens = len(text_ids)
         new_ids = greedy(self.model, logits, cache, position, self.max_new_tokens, self._stop)
         t2 = time.perf_counter()
         dens = {} if plan.densities is None else dict(zip(self.memory.ids(), plan.densities.tolist()))

@@ -87,15 +87,6 @@ def _inner(impl: str, module):
     return sys.modules[type(module).__module__].eager_attention_forward
 
 
-@torch.no_grad()
-def text_attention_rows(model, ids: torch.Tensor, queries: int, layers: list[int]) -> dict[int, torch.Tensor]:
-    """Head-averaged rows [queries, S] of the last `queries` positions of plain-token input ids [S]:
-    tracing without positional distortion (App. C.2). Only those rows are built."""
-    with recording_attention(model, layers, queries=queries) as rows:
-        until_stopped(model, input_ids=ids.view(1, -1).to(model.device), use_cache=False)
-    return rows
-
-
 def until_stopped(fn, *args, **kwargs) -> None:
     try:
         fn(*args, **kwargs)

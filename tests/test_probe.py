@@ -19,8 +19,9 @@ def probe_session(model, tokenizer, method=None):
     return Session(model, tokenizer, KVPrefixBackend(model), method or Vanilla(), "shared_sink", "plain")
 
 
-@pytest.mark.parametrize("method, formed", [(Vanilla(), 4), (TextMemory(), 0)])
-def test_every_position_from_one_forward_each(llama, tokenizer, method, formed):
+@pytest.mark.parametrize("method, formed, memory_forwards", [(Vanilla(), 4, 0), (TextMemory(), 0, 1)])
+def test_every_position_from_one_forward_each(llama, tokenizer, method, formed, memory_forwards):
+    """Latent memory is formed once; text memory runs its changed tail (methods.text_prefix) before the prompt."""
     session = probe_session(llama, tokenizer, method)
     calls, records, seen = [], [], []
     handle = llama.model.layers[0].register_forward_pre_hook(lambda *a: calls.append(1))
@@ -30,7 +31,8 @@ def test_every_position_from_one_forward_each(llama, tokenizer, method, formed):
             seen.append(len(calls))
     finally:
         handle.remove()
-    assert seen == [formed + 1, formed + 2, formed + 3, formed + 4]      # one forward per placement
+    per_placement = 1 + memory_forwards                                 # all layers from one prompt forward
+    assert seen == [formed + per_placement * i for i in (1, 2, 3, 4)]
     assert [r["position"] for r in records] == [1, 2, 3, 4]
     for record in records:
         for mode in ("last", "mean"):
@@ -74,12 +76,37 @@ def test_bad_probe_settings_are_refused():
 def test_text_rows_equal_eager_attention_weights(family_model):
     """Only the prompt's rows are built, and they are the model's own attention (masks, soft-capping)."""
     from methods.hidden_prefix import eager_attention
-    from methods.tracing import text_attention_rows
+    from methods.text_prefix import TextPrefix
 
     ids = torch.arange(3, 40)
     layers = list(range(family_model.config.num_hidden_layers))
-    rows = text_attention_rows(family_model, ids, 5, layers)
+    rows = TextPrefix(family_model).attention_rows(ids[:-5], ids[-5:], layers)
     with eager_attention(family_model), torch.no_grad():
         weights = family_model(input_ids=ids.view(1, -1), output_attentions=True).attentions
     for layer in layers:
         torch.testing.assert_close(rows[layer], weights[layer][0, :, -5:].float().mean(0), atol=1e-5, rtol=0)
+
+
+def test_a_text_prefix_runs_only_what_changed_and_answers_as_a_fresh_one(family_model):
+    """Appending runs the new tokens only; after holding other texts, rows and logits are a fresh cache's."""
+    from methods.text_prefix import TextPrefix
+
+    ran = []
+    hook = family_model.get_input_embeddings().register_forward_hook(lambda m, i, o: ran.append(i[0].shape[1]))
+    prompt, layers = torch.arange(50, 55), list(range(family_model.config.num_hidden_layers))
+    head, tail, other = torch.arange(3, 20), torch.arange(20, 31), torch.arange(60, 70)
+    served = TextPrefix(family_model)
+    served.attention_rows(head, prompt, layers)
+    served.prefill(torch.cat([head, other]), prompt)
+    del ran[:]
+    rows = served.attention_rows(torch.cat([head, tail]), prompt, layers)
+    logits, _, position = served.prefill(torch.cat([head, tail]), prompt)
+    hook.remove()
+    assert ran == [len(tail), len(prompt), len(prompt)]      # the head stayed cached, the prompt is forgotten
+    fresh = TextPrefix(family_model)
+    expected = fresh.attention_rows(torch.cat([head, tail]), prompt, layers)
+    for layer in layers:
+        torch.testing.assert_close(rows[layer], expected[layer], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits, TextPrefix(family_model).prefill(torch.cat([head, tail]), prompt)[0],
+                               atol=1e-4, rtol=0)
+    assert position == len(head) + len(tail) + len(prompt)

@@ -1,0 +1,76 @@
+"""Text memory (plain tokens before the prompt) served from a cache of its own keys and values.
+
+Plain-token memory has no positional distortion, but a naive run pushes the whole text
+through the model for every question and every trace. Causality makes the keys and
+values of a token depend only on the tokens before it, so the cache of the last text
+held stays valid up to its longest common prefix with the next one: a memory that
+grows by appending (the distortion study) or that keeps a shared head (the probe's
+target moving right) only runs the tokens after that prefix. The prompt (and any
+decoding) writes past the held text in the cache buffers and is forgotten at the next hold.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache
+
+from methods.kv_prefix import PrefixLayer
+from methods.tracing import recording_attention, until_stopped
+
+
+class TextPrefix:
+    def __init__(self, model):
+        self.model = model
+        config = model.config.get_text_config()
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        empty = torch.empty(1, kv_heads, 0, head_dim, dtype=model.dtype, device=model.device)
+        self.layers = [PrefixLayer(empty, empty.clone(), 0) for _ in range(config.num_hidden_layers)]
+        self.ids = torch.empty(0, dtype=torch.long)
+
+    @torch.no_grad()
+    def hold(self, ids: torch.Tensor) -> Cache:
+        """A cache holding exactly `ids` [N] at positions 0..N-1, running only the tokens after
+        the longest common prefix with the ids held before."""
+        shared = common_prefix(self.ids, ids)
+        self._rewind(shared)
+        if shared < len(ids):
+            rest = ids[shared:].view(1, -1).to(self.model.device)
+            self.model(input_ids=rest, past_key_values=Cache(layers=self.layers), logits_to_keep=1,
+                       position_ids=self._positions(shared, len(ids) - shared), use_cache=True)
+        self.ids = ids.clone()
+        return Cache(layers=self.layers)
+
+    @torch.no_grad()
+    def attention_rows(self, text_ids: torch.Tensor, prompt_ids: torch.Tensor, layers: list[int]):
+        """Head-averaged prompt rows [p, N+p] of `layers` over the text `text_ids` [N]."""
+        cache = self.hold(text_ids)
+        with recording_attention(self.model, layers) as rows:
+            until_stopped(self.model, input_ids=prompt_ids.view(1, -1).to(self.model.device),
+                          past_key_values=cache, position_ids=self._positions(len(text_ids), len(prompt_ids)),
+                          use_cache=True)
+        return rows
+
+    @torch.no_grad()
+    def prefill(self, text_ids: torch.Tensor, prompt_ids: torch.Tensor):
+        """Logits of the prompt's last token [1, vocab], the cache to decode with, the next position."""
+        cache = self.hold(text_ids)
+        start = len(text_ids)
+        out = self.model(input_ids=prompt_ids.view(1, -1).to(self.model.device), past_key_values=cache,
+                         position_ids=self._positions(start, len(prompt_ids)), use_cache=True, logits_to_keep=1)
+        return out.logits[0], cache, start + len(prompt_ids)
+
+    def _rewind(self, length: int) -> None:
+        for layer in self.layers:
+            layer.filled = length
+            layer._expose()
+
+    def _positions(self, start: int, length: int) -> torch.Tensor:
+        return torch.arange(start, start + length, device=self.model.device).view(1, -1)
+
+
+def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many leading ids `a` and `b` share."""
+    n = min(len(a), len(b))
+    differs = (a[:n] != b[:n]).nonzero()
+    return int(differs[0]) if len(differs) else n
