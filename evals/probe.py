@@ -30,12 +30,14 @@ def band(num_layers: int) -> list[int]:
 
 class Probe:
     """fragments: n per group (the target and n-1 distractors); positions: target positions
-    (1-based) to probe, null = all n; layers: 'all', 'band' (floor(L/3)..ceil(L/2)) or a list;
-    the rest as in the retention task."""
+    (1-based) to probe, null = all n; one_position_per_group: group g probes only the
+    (g mod len(positions))-th of them, for a probe whose placements are expensive (text memory
+    on CPU) that still covers every position evenly over many groups; layers: 'all', 'band'
+    (floor(L/3)..ceil(L/2)) or a list; the rest as in the retention task."""
 
     def __init__(self, dataset: str = "nqa", data_dir: str | None = None, groups: int = 50, fragments: int = 20,
-                 positions: list[int] | None = None, layers: str | list[int] = "all", seed: int = 42,
-                 max_context_tokens: int = 512):
+                 positions: list[int] | None = None, one_position_per_group: bool = False,
+                 layers: str | list[int] = "all", seed: int = 42, max_context_tokens: int = 512):
         if isinstance(layers, str) and layers not in ("all", "band"):
             raise ConfigError(f"task.layers={layers!r} must be 'all', 'band' or a list of layer indices")
         self.layers = layers
@@ -44,7 +46,7 @@ class Probe:
         self.positions = sorted(set(positions)) if positions else list(range(1, fragments + 1))
         if self.positions[0] < 1 or self.positions[-1] > fragments:
             raise ConfigError(f"task.positions={list(positions)} must lie in 1..task.fragments={fragments}")
-        self.fragments = fragments
+        self.fragments, self.one_position_per_group = fragments, one_position_per_group
         self.source = Retention(dataset, data_dir, groups, updates=fragments, seed=seed,
                                 max_context_tokens=max_context_tokens)
 
@@ -62,7 +64,10 @@ class Probe:
         prompt_ids = format_prompt(session.tokenizer, group.target.question, session.prompt)
         layers = self.layers_of(num_layers(session.model.config))
         others = [i for i, fid in enumerate(session.memory.ids()) if fid != target]
-        for position in self.positions:
+        positions = self.positions
+        if self.one_position_per_group:
+            positions = [positions[group.index % len(positions)]]
+        for position in positions:
             start = time.perf_counter()
             index = position - 1
             order = others[:index] + [session.memory.ids().index(target)] + others[index:]

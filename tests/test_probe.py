@@ -65,6 +65,13 @@ def test_tracing_table_ranks_layers_best_first():
     assert table[table.query_mode == "mean"].layer.tolist() == [0, 1]
 
 
+def test_one_position_per_group_rotates_through_the_positions(llama, tokenizer):
+    probe = Probe("synthetic", fragments=4, positions=[2, 4], one_position_per_group=True)
+    seen = [[r["position"] for r in probe.run_group(probe_session(llama, tokenizer), Group(g, *GROUP[1:]))]
+            for g in range(3)]
+    assert seen == [[2], [4], [2]]
+
+
 def test_bad_probe_settings_are_refused():
     from harness.errors import ConfigError
     with pytest.raises(ConfigError, match="task.positions"):
