@@ -67,7 +67,7 @@ def test_tracing_table_ranks_layers_best_first():
 
 def test_one_position_per_group_rotates_through_the_positions(llama, tokenizer):
     probe = Probe("synthetic", fragments=4, positions=[2, 4], one_position_per_group=True)
-    seen = [[r["position"] for r in probe.run_group(probe_session(llama, tokenizer), Group(g, *GROUP[1:]))]
+    seen = [[r["position"] for r in probe.run_group(probe_session(llama, tokenizer), Group(g, GROUP.target, GROUP.distractors))]
             for g in range(3)]
     assert seen == [[2], [4], [2]]
 
