@@ -66,6 +66,17 @@ def retention_section(root, runs, label, title, bounded, figures) -> Section:
     return Section(label, title, table, figure=str(figure.relative_to(root)))
 
 
+def rank_section(runs) -> Section:
+    """Where accuracy sits at the floor (a small model on NaturalQA/SQuAD) the target's rank still
+    shows whether forgetting kept what the question needs findable."""
+    label, title = "tab:forgetting_rank", "Knowledge retention with forgetting, mean density rank of the target (1 = first)"
+    chosen = [r for r in runs if r.task == "Retention" and r.bounded]
+    if not chosen:
+        return Section(label, title, missing="no runs yet: memdefrag experiment=forgetting_ablation")
+    table = accuracy_table(records_of([r.folder for r in chosen]), value="target_rank")
+    return Section(label, title, table.dropna(axis=1, how="all"))
+
+
 def probe_section(root, runs) -> Section:
     label, title = "tab:retrieval_layers", "Tracing per layer: mean rank of the target, Top-k tracing accuracy (%)"
     chosen = [r for r in runs if r.task == "Probe"]
@@ -140,6 +151,7 @@ def build(root: Path) -> list[Section]:
                           "(unbounded memory)", False, figures),
         retention_section(root, runs, "tab:retention_comparison", "Knowledge retention with forgetting, "
                           "accuracy (%) at steps 10..50", True, figures),
+        rank_section(runs),
         probe_section(root, runs),
         tracer_summary_section(),
         *runtime_section(runs),

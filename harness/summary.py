@@ -75,13 +75,14 @@ def sweep_table(*roots: str | Path) -> pd.DataFrame:
     return accuracy_table(records_of(run_folders(*roots)))
 
 
-def accuracy_table(records: pd.DataFrame) -> pd.DataFrame:
-    """Accuracy (%) per (dataset, step) x run, and a last row per dataset: the groups each run finished."""
+def accuracy_table(records: pd.DataFrame, value: str = "correct") -> pd.DataFrame:
+    """Accuracy (%) per (dataset, step) x run, and a last row per dataset: the groups each run finished.
+    value: another per-question field to average instead (e.g. target_rank)."""
     if records.empty:
         return records
     records = complete_groups(records)
-    table = records.pivot_table(index=["dataset", "step"], columns="run", values="correct", aggfunc="mean")
-    table = table.mul(100).round(1)
+    table = records.pivot_table(index=["dataset", "step"], columns="run", values=value, aggfunc="mean")
+    table = table.mul(100 if value == "correct" else 1).round(1 if value == "correct" else 2)
     groups = records.groupby(["dataset", "run"])["group"].nunique().unstack("run")
     rows = [table.loc[d].loc[step].rename((d, str(step))) for d in groups.index for step in table.loc[d].index]
     rows += [groups.loc[d].rename((d, "groups")) for d in groups.index]
