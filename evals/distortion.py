@@ -52,7 +52,7 @@ def correlations(records: list[dict]) -> pd.DataFrame:
         density = density_by_step(records, mode)
         for layer in density.columns:
             pair = (density[layer].to_numpy(), accuracy.loc[density.index].to_numpy())
-            constant = min(pair[0].std(), pair[1].std()) == 0
+            constant = any((values == values[0]).all() for values in pair)
             rows.append({"query_mode": mode, "layer": int(layer),
                          "pearson": float("nan") if constant else stats.pearsonr(*pair).statistic,
                          "spearman": float("nan") if constant else stats.spearmanr(*pair).statistic,

@@ -14,7 +14,9 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
+from evals.distortion import correlations
 from evals.probe import tracing_table
+from harness.analysis import write_analysis
 from harness.figures import accuracy_curves
 from harness.results import read_jsonl, read_run_info
 from harness.tracers import recorded, tracers_file
@@ -93,6 +95,27 @@ def probe_section(root, runs) -> Section:
     return Section(label, title, pd.concat(frames).round(2))
 
 
+def distortion_section(root, runs) -> Section:
+    """Per run (latent or text memory): accuracy per step, the best-correlated layers, and the
+    figures of harness.analysis, written beside the run's files."""
+    label, title = "fig:distortion", "Positional distortion: accuracy and target density over updates, and their correlation"
+    chosen = [r for r in runs if r.task == "Distortion"]
+    if not chosen:
+        return Section(label, title, missing="no runs yet: memdefrag experiment=distortion")
+    parts = []
+    for run in chosen:
+        figures = [p for p in write_analysis(run.folder) if p.suffix == ".png"]
+        records = pd.DataFrame(read_jsonl(run.folder / "predictions.jsonl"))
+        steps = records.groupby("step").agg(accuracy=("correct", "mean"), memory_tokens=("memory_tokens", "mean"))
+        steps["accuracy"] = (100 * steps["accuracy"]).round(1)
+        best = correlations(records.to_dict("records")).groupby("query_mode").head(3).round(3)
+        parts += [f"### {run.config['method']['label']} memory ({records.group.nunique()} groups, "
+                  f"`{run.folder.relative_to(root)}`)",
+                  steps.T.astype(object).to_markdown(), best.to_markdown(index=False),
+                  *(f"![{p.stem}]({p.relative_to(root)})" for p in figures)]
+    return Section(label, title, text="\n\n".join(parts))
+
+
 def runtime_section(runs) -> tuple[Section, Section]:
     finished = [r for r in runs if r.task == "Retention" and r.info]
     rows = [{"dataset": r.config["task"]["dataset"], "updates": r.config["task"].get("updates"),
@@ -153,6 +176,7 @@ def build(root: Path) -> list[Section]:
                           "accuracy (%) at steps 10..50", True, figures),
         rank_section(runs),
         probe_section(root, runs),
+        distortion_section(root, runs),
         tracer_summary_section(),
         *runtime_section(runs),
         speed_section(root),

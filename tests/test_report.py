@@ -27,6 +27,9 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     fake_run(tmp_path / "f" / "a", "Retention", "memdefrag_top2", steps, "informativeness",
              {"threads": 1, "seconds": {"per_group": 12.5}, "peak_memory": {"cpu_rss_mb": 900}})
     fake_run(tmp_path / "p" / "b", "Probe", "vanilla", [{"ranks": {"last": [2, 1], "mean": [1, 3]}}])
+    fading = [{"group": g, "step": s, "correct": s + g < 3, "memory_tokens": 100 * s,
+               "density": {"last": [0.5 / s, 0.1], "mean": [0.4 / s, 0.2 * s]}} for g in (0, 1) for s in (1, 2, 3)]
+    fake_run(tmp_path / "d" / "c", "Distortion", "vanilla", fading)
     readme = write(tmp_path).read_text()
     assert readme.startswith("# Our results\n\nHow they were made.")
     assert "_no runs yet: results/run_accuracy.sh_" in readme                       # tab:retention
@@ -35,6 +38,10 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert re.search(r"\| nqa +\| 20 +\| +2.25 \|", readme.split("tab:forgetting_rank")[1])
     assert "m latent chat shared_sink vanilla" in readme and "12.5" in readme and "900" in readme
     assert "_LongBench: the task is not built yet_" in readme
+    distortion = readme.split("fig:distortion")[1]
+    assert "### vanilla memory (2 groups, `d/c`)" in distortion and "| accuracy      | 100 |  50 |   0 |" in distortion
+    assert "![density_heatmap_last](d/c/density_heatmap_last.png)" in distortion
+    assert (tmp_path / "d" / "c" / "density_heatmap_last.png").stat().st_size > 1000
     assert (tmp_path / "tables" / "retention_comparison.tex").read_text().count("\\label{tab:retention_comparison}")
     assert (tmp_path / "figures" / "retention_comparison.png").stat().st_size > 1000
 
