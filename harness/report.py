@@ -68,15 +68,16 @@ def retention_section(root, runs, label, title, bounded, figures) -> Section:
     return Section(label, title, table, figure=str(figure.relative_to(root)))
 
 
-def rank_section(runs) -> Section:
-    """Where accuracy sits at the floor (a small model on NaturalQA/SQuAD) the target's rank still
-    shows whether forgetting kept what the question needs findable."""
-    label, title = "tab:forgetting_rank", "Knowledge retention with forgetting, mean density rank of the target (1 = first)"
+def bounded_step_section(runs, label: str, title: str, value: str) -> Section:
+    """A per-step table of the forgetting runs: mean `value` per question ('seconds': the update's
+    formation and forgetting plus the question's phases)."""
     chosen = [r for r in runs if r.task == "Retention" and r.bounded]
     if not chosen:
         return Section(label, title, missing="no runs yet: memdefrag experiment=forgetting_ablation")
-    table = accuracy_table(records_of([r.folder for r in chosen]), value="target_rank")
-    return Section(label, title, table.dropna(axis=1, how="all"))
+    records = records_of([r.folder for r in chosen])
+    if value == "seconds":
+        records["seconds"] = records["seconds"].map(lambda phases: sum(phases.values()))
+    return Section(label, title, accuracy_table(records, value=value).dropna(axis=1, how="all"))
 
 
 def probe_section(root, runs) -> Section:
@@ -174,7 +175,13 @@ def build(root: Path) -> list[Section]:
                           "(unbounded memory)", False, figures),
         retention_section(root, runs, "tab:retention_comparison", "Knowledge retention with forgetting, "
                           "accuracy (%) at steps 10..50", True, figures),
-        rank_section(runs),
+        # Where accuracy sits at the floor (a small model on NaturalQA/SQuAD) the target's rank still
+        # shows whether forgetting kept what the question needs findable.
+        bounded_step_section(runs, "tab:forgetting_rank", "Knowledge retention with forgetting, mean density "
+                             "rank of the target (1 = first)", "target_rank"),
+        bounded_step_section(runs, "tab:forgetting_seconds", "Knowledge retention with forgetting, seconds per "
+                             "step (that update's formation and forgetting, the question's trace and answer)",
+                             "seconds"),
         probe_section(root, runs),
         distortion_section(root, runs),
         tracer_summary_section(),

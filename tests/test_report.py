@@ -23,7 +23,8 @@ def fake_run(folder, task, method, records, forgetting="unbounded", info=None):
 
 def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     (tmp_path / "notes.md").write_text("# Our results\n\nHow they were made.")
-    steps = [{"group": 0, "step": s, "correct": s == 10, "target_rank": s / 10 + 0.25} for s in (10, 20)]
+    steps = [{"group": 0, "step": s, "correct": s == 10, "target_rank": s / 10 + 0.25,
+              "seconds": {"formation": 1.0, "trace": s / 4}} for s in (10, 20)]
     fake_run(tmp_path / "f" / "a", "Retention", "memdefrag_top2", steps, "informativeness",
              {"threads": 1, "seconds": {"per_group": 12.5}, "peak_memory": {"cpu_rss_mb": 900}})
     fake_run(tmp_path / "p" / "b", "Probe", "vanilla", [{"ranks": {"last": [2, 1], "mean": [1, 3]}}])
@@ -36,6 +37,7 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert "memdefrag_top2+informativeness" in readme                               # tab:retention_comparison
     assert re.search(r"\| nqa +\| 10 +\| +100 \|", readme)
     assert re.search(r"\| nqa +\| 20 +\| +2.25 \|", readme.split("tab:forgetting_rank")[1])
+    assert re.search(r"\| nqa +\| 10 +\| +3.5 \|", readme.split("tab:forgetting_seconds")[1])
     assert "m latent chat shared_sink vanilla" in readme and "12.5" in readme and "900" in readme
     assert "_LongBench: the task is not built yet_" in readme
     distortion = readme.split("fig:distortion")[1]
