@@ -15,7 +15,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from evals.distortion import correlations
-from evals.probe import tracing_table
+from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
 from harness.figures import accuracy_curves
 from harness.results import read_jsonl, read_run_info
@@ -46,6 +46,7 @@ class Section:
     missing: str = ""
     figure: str | None = None
     text: str | None = None          # a table already written as Markdown
+    after: str = ""                  # Markdown shown after the table
 
 
 def runs_under(root: Path) -> list[Run]:
@@ -85,15 +86,22 @@ def probe_section(root, runs) -> Section:
     chosen = [r for r in runs if r.task == "Probe"]
     if not chosen:
         return Section(label, title, missing="no runs yet: memdefrag experiment=probe")
-    frames = []
+    frames, links = [], []
     for run, name in zip(chosen, run_labels([r.config for r in chosen])):
         records = read_jsonl(run.folder / "predictions.jsonl")
         memory = "text" if run.config["method"]["label"] == "text" else "latent"
         table = tracing_table(records).groupby("query_mode").head(5)
-        table.insert(0, "run", f"{run.config['model']['name']} {memory} {run.config['prompt']} "
-                               f"{run.config['formation']} {name}".strip())
+        layers = records[0]["layers"]
+        if layers == list(range(len(layers))):          # every layer probed: the paper's band is known
+            table["in_band"] = table["layer"].isin(band(len(layers))).map({True: "yes", False: "no"})
+        described = f"{run.config['model']['name']} {memory} {run.config['prompt']} {run.config['formation']} {name}"
+        table.insert(0, "run", described.strip())
         frames.append(table)
-    return Section(label, title, pd.concat(frames).round(2))
+        [full] = write_analysis(run.folder)
+        links.append(f"[{described.strip()}]({full.relative_to(root)})")
+    return Section(label, title, pd.concat(frames).round(2),
+                   after="Every layer, best first: " + ", ".join(links) + ". `in_band`: the layer lies in "
+                         "floor(L/3)..ceil(L/2), where the paper (App. F) looks for the tracer layer.")
 
 
 def distortion_section(root, runs) -> Section:
@@ -217,6 +225,8 @@ def write(root: Path) -> Path:
         parts.append(markdown)
         if section.figure:
             parts.append(f"![{section.title}]({section.figure})")
+        if section.after:
+            parts.append(section.after)
     readme = root / "README.md"
     readme.write_text("\n\n".join(parts) + "\n")
     return readme
