@@ -87,19 +87,20 @@ def probe_section(root, runs) -> Section:
     if not chosen:
         return Section(label, title, missing="no runs yet: memdefrag experiment=probe")
     frames, links = [], []
-    for run, name in zip(chosen, run_labels([r.config for r in chosen])):
+    for run in chosen:
         records = read_jsonl(run.folder / "predictions.jsonl")
         memory = "text" if run.config["method"]["label"] == "text" else "latent"
         table = tracing_table(records).groupby("query_mode").head(5)
         layers = records[0]["layers"]
         if layers == list(range(len(layers))):          # every layer probed: the paper's band is known
             table["in_band"] = table["layer"].isin(band(len(layers))).map({True: "yes", False: "no"})
-        described = f"{run.config['model']['name']} {memory} {run.config['prompt']} {run.config['formation']} {name}"
-        table.insert(0, "run", described.strip())
+        folder = str(run.folder.relative_to(root))
+        table.insert(0, "run", f"{run.config['model']['name']} {memory} {run.config['prompt']} "
+                               f"{run.config['formation']} ({folder})")
         frames.append(table)
         [full] = write_analysis(run.folder)
-        links.append(f"[{described.strip()}]({full.relative_to(root)})")
-    return Section(label, title, pd.concat(frames).round(2),
+        links.append(f"[{folder}]({full.relative_to(root)})")
+    return Section(label, title, pd.concat(frames, ignore_index=True).round(2),
                    after="Every layer, best first: " + ", ".join(links) + ". `in_band`: the layer lies in "
                          "floor(L/3)..ceil(L/2), where the paper (App. F) looks for the tracer layer.")
 
