@@ -44,6 +44,11 @@ class PrefixLayer(DynamicLayer):
         self._expose()
         return self.keys, self.values
 
+    def rewind(self, length: int) -> None:
+        """Keep only the first `length` positions; what was written after them is overwritten later."""
+        self.filled = length
+        self._expose()
+
 
 class KVPrefixBackend:
     """Runs prompts against a memory given as rotated keys/values."""
@@ -77,8 +82,7 @@ class KVPrefixBackend:
         """Prompt logits [p, vocab], the cache to decode with, and the next position."""
         cache = self.cache(memory, room=len(prompt_ids) + room)
         start = 1 + memory.n_tokens
-        out = self.model(input_ids=prompt_ids.view(1, -1).to(self.model.device), past_key_values=cache,
-                         position_ids=self._positions(start, len(prompt_ids)), use_cache=True)
+        out = run_after(self.model, cache, prompt_ids, start)
         return out.logits[0], cache, start + len(prompt_ids)
 
     @torch.no_grad()
@@ -86,12 +90,19 @@ class KVPrefixBackend:
         """Head-averaged prompt rows [p, 1+N+p] of `layers`; stops after the last of them."""
         upto = max(layers) + 1
         cache = self.cache(memory, room=len(prompt_ids), layers=upto)
-        start = 1 + memory.n_tokens
-        with recording_attention(self.model, layers) as rows:
-            until_stopped(self.model, input_ids=prompt_ids.view(1, -1).to(self.model.device),
-                          past_key_values=cache, position_ids=self._positions(start, len(prompt_ids)),
-                          use_cache=True)
-        return rows
+        return rows_after(self.model, cache, prompt_ids, 1 + memory.n_tokens, layers)
 
-    def _positions(self, start: int, length: int) -> torch.Tensor:
-        return torch.arange(start, start + length, device=self.model.device).view(1, -1)
+
+def run_after(model, cache: Cache, ids: torch.Tensor, start: int, **kwargs):
+    """Run `ids` [T] at positions start..start+T-1, after the `start` positions `cache` holds."""
+    positions = torch.arange(start, start + len(ids), device=model.device).view(1, -1)
+    return model(input_ids=ids.view(1, -1).to(model.device), past_key_values=cache, position_ids=positions,
+                 use_cache=True, **kwargs)
+
+
+def rows_after(model, cache: Cache, prompt_ids: torch.Tensor, start: int, layers: list[int]):
+    """Head-averaged prompt rows [p, start+p] of `layers` from the prompt run after `cache`;
+    the forward stops after the last of them."""
+    with recording_attention(model, layers) as rows:
+        until_stopped(run_after, model, cache, prompt_ids, start)
+    return rows

@@ -14,8 +14,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from methods.kv_prefix import PrefixLayer
-from methods.tracing import recording_attention, until_stopped
+from methods.kv_prefix import PrefixLayer, rows_after, run_after
 
 
 class TextPrefix:
@@ -33,40 +32,24 @@ class TextPrefix:
         """A cache holding exactly `ids` [N] at positions 0..N-1, running only the tokens after
         the longest common prefix with the ids held before."""
         shared = common_prefix(self.ids, ids)
-        self._rewind(shared)
+        for layer in self.layers:
+            layer.rewind(shared)
         if shared < len(ids):
-            rest = ids[shared:].view(1, -1).to(self.model.device)
-            self.model(input_ids=rest, past_key_values=Cache(layers=self.layers), logits_to_keep=1,
-                       position_ids=self._positions(shared, len(ids) - shared), use_cache=True)
+            run_after(self.model, Cache(layers=self.layers), ids[shared:], shared, logits_to_keep=1)
         self.ids = ids.clone()
         return Cache(layers=self.layers)
 
     @torch.no_grad()
     def attention_rows(self, text_ids: torch.Tensor, prompt_ids: torch.Tensor, layers: list[int]):
         """Head-averaged prompt rows [p, N+p] of `layers` over the text `text_ids` [N]."""
-        cache = self.hold(text_ids)
-        with recording_attention(self.model, layers) as rows:
-            until_stopped(self.model, input_ids=prompt_ids.view(1, -1).to(self.model.device),
-                          past_key_values=cache, position_ids=self._positions(len(text_ids), len(prompt_ids)),
-                          use_cache=True)
-        return rows
+        return rows_after(self.model, self.hold(text_ids), prompt_ids, len(text_ids), layers)
 
     @torch.no_grad()
     def prefill(self, text_ids: torch.Tensor, prompt_ids: torch.Tensor):
         """Logits of the prompt's last token [1, vocab], the cache to decode with, the next position."""
         cache = self.hold(text_ids)
-        start = len(text_ids)
-        out = self.model(input_ids=prompt_ids.view(1, -1).to(self.model.device), past_key_values=cache,
-                         position_ids=self._positions(start, len(prompt_ids)), use_cache=True, logits_to_keep=1)
-        return out.logits[0], cache, start + len(prompt_ids)
-
-    def _rewind(self, length: int) -> None:
-        for layer in self.layers:
-            layer.filled = length
-            layer._expose()
-
-    def _positions(self, start: int, length: int) -> torch.Tensor:
-        return torch.arange(start, start + length, device=self.model.device).view(1, -1)
+        out = run_after(self.model, cache, prompt_ids, len(text_ids), logits_to_keep=1)
+        return out.logits[0], cache, len(text_ids) + len(prompt_ids)
 
 
 def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:

@@ -45,12 +45,11 @@ def prompt_attention_rows(module, query, key, attention_mask, scaling=None, soft
 
 
 @contextmanager
-def recording_attention(model, layers: list[int], queries: int | None = None):
+def recording_attention(model, layers: list[int]):
     """Record `prompt_attention_rows` of `layers` (decoder indices) during a forward.
 
     Yields a dict layer -> [q_len, kv_len]; the forward raises StopForward after
-    the last of them, so the caller runs it inside `until_stopped`. queries: keep
-    only the rows of the last `queries` positions (a prompt at the end of a longer input).
+    the last of them, so the caller runs it inside `until_stopped`.
     """
     impl = model.config._attn_implementation
     had_local = impl in ALL_ATTENTION_FUNCTIONS._local_mapping
@@ -61,11 +60,7 @@ def recording_attention(model, layers: list[int], queries: int | None = None):
     def traced(module, query, key, value, attention_mask, **kwargs):
         idx = module.layer_idx
         if idx in wanted:
-            q, mask = query, attention_mask
-            if queries is not None:
-                q = query[:, :, -queries:]
-                mask = None if attention_mask is None else attention_mask[..., -queries:, :]
-            rows[idx] = prompt_attention_rows(module, q, key, mask, **kwargs)
+            rows[idx] = prompt_attention_rows(module, query, key, attention_mask, **kwargs)
             if idx == last:
                 raise StopForward
         return _inner(impl, module)(module, query, key, value, attention_mask, **kwargs)
