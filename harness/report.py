@@ -115,11 +115,12 @@ def distortion_section(root, runs) -> Section:
     parts = []
     for run in chosen:
         figures = [p for p in write_analysis(run.folder) if p.suffix == ".png"]
-        records = pd.DataFrame(read_jsonl(run.folder / "predictions.jsonl"))
-        steps = records.groupby("step").agg(accuracy=("correct", "mean"), memory_tokens=("memory_tokens", "mean"))
+        records = read_jsonl(run.folder / "predictions.jsonl")
+        frame = pd.DataFrame(records)
+        steps = frame.groupby("step").agg(accuracy=("correct", "mean"), memory_tokens=("memory_tokens", "mean"))
         steps["accuracy"] = (100 * steps["accuracy"]).round(1)
-        best = correlations(records.to_dict("records")).groupby("query_mode").head(3).round(3)
-        parts += [f"### {run.config['method']['label']} memory ({records.group.nunique()} groups, "
+        best = correlations(records).groupby("query_mode").head(3).round(3)
+        parts += [f"### {run.config['method']['label']} memory ({frame.group.nunique()} groups, "
                   f"`{run.folder.relative_to(root)}`)",
                   steps.T.astype(object).to_markdown(), best.to_markdown(index=False),
                   *(f"![{p.stem}]({p.relative_to(root)})" for p in figures)]
