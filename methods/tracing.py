@@ -22,31 +22,37 @@ class StopForward(Exception):
     """Raised inside the forward once every traced layer has been seen."""
 
 
-def prompt_attention_rows(module, query, key, attention_mask, scaling=None, softcap=None, **_):
-    """Head-averaged attention of the queries over all keys: [q_len, kv_len], fp32.
+def prompt_attention(module, query, key, value, attention_mask, scaling=None, softcap=None, **_):
+    """The layer's attention output, as its attention function returns it ([1, q_len, heads, d],
+    None), and its head-averaged attention rows [q_len, kv_len] (fp32), from one set of scores.
 
-    query: [1, heads, q_len, d]; key: [1, kv_heads, kv_len, d]; the queries are
-    the last q_len positions of the kv_len keys.
+    query: [1, heads, q_len, d]; key/value: [1, kv_heads, kv_len, d]; the queries are the last
+    q_len positions of the kv_len keys. Query heads are grouped onto their key/value head, so
+    keys and values are never repeated per head.
     """
-    heads, q_len, kv_len = query.shape[1], query.shape[2], key.shape[2]
-    key = key.repeat_interleave(heads // key.shape[1], dim=1)
-    scores = torch.matmul(query, key.transpose(2, 3)).float() * (scaling or query.shape[-1] ** -0.5)
+    _, heads, q_len, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    grouped = query.reshape(1, kv_heads, heads // kv_heads * q_len, dim)
+    scores = torch.matmul(grouped, key.transpose(2, 3)).float().view(1, heads, q_len, kv_len)
+    scores = scores * (scaling or dim ** -0.5)
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is None:
-        q_pos = torch.arange(kv_len - q_len, kv_len, device=query.device).view(-1, 1)
-        blocked = torch.arange(kv_len, device=query.device).view(1, -1) > q_pos
-        scores = scores.masked_fill(blocked, float("-inf"))
+    if attention_mask is None:                          # causal: only the prompt's own keys are masked
+        blocked = torch.ones(q_len, q_len, dtype=torch.bool, device=query.device).triu(1)
+        scores[..., kv_len - q_len:].masked_fill_(blocked, float("-inf"))
     elif attention_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attention_mask[..., -kv_len:], float("-inf"))
+        scores.masked_fill_(attention_mask[..., -kv_len:].logical_not(), float("-inf"))
     else:
-        scores = scores + attention_mask[..., -kv_len:].float()
-    return torch.softmax(scores, dim=-1).mean(dim=1)[0]
+        scores += attention_mask[..., -kv_len:].float()
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs.to(value.dtype).view(1, kv_heads, -1, kv_len), value)
+    return out.view(1, heads, q_len, dim).transpose(1, 2).contiguous(), None, probs.mean(dim=1)[0]
 
 
 @contextmanager
 def recording_attention(model, layers: list[int]):
-    """Record `prompt_attention_rows` of `layers` (decoder indices) during a forward.
+    """Record the head-averaged prompt attention rows of `layers` (decoder indices) during a
+    forward; a traced layer's output comes from the same probabilities (`prompt_attention`).
 
     Yields a dict layer -> [q_len, kv_len]; the forward raises StopForward after
     the last of them, so the caller runs it inside `until_stopped`.
@@ -59,11 +65,12 @@ def recording_attention(model, layers: list[int]):
 
     def traced(module, query, key, value, attention_mask, **kwargs):
         idx = module.layer_idx
-        if idx in wanted:
-            rows[idx] = prompt_attention_rows(module, query, key, attention_mask, **kwargs)
-            if idx == last:
-                raise StopForward
-        return _inner(impl, module)(module, query, key, value, attention_mask, **kwargs)
+        if idx not in wanted:
+            return _inner(impl, module)(module, query, key, value, attention_mask, **kwargs)
+        out, weights, rows[idx] = prompt_attention(module, query, key, value, attention_mask, **kwargs)
+        if idx == last:
+            raise StopForward
+        return out, weights
 
     ALL_ATTENTION_FUNCTIONS[impl] = traced
     try:

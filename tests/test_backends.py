@@ -6,9 +6,9 @@ import torch
 from methods.formation import Former
 from methods.generation import greedy
 from methods.hidden_prefix import HiddenPrefixBackend
-from methods.kv_prefix import KVPrefixBackend
+from methods.kv_prefix import KVPrefixBackend, rows_after, run_after
 from methods.memory import LatentMemory
-from methods.tracing import densities
+from methods.tracing import densities, prompt_attention
 from tests.conftest import FRAGMENTS
 
 VIEWS = {"vanilla": None, "reordered_top2": [4, 0], "reordered_all": [2, 1, 0, 4, 3]}
@@ -72,3 +72,33 @@ def test_tracing_stops_at_the_traced_layer(llama, tokenizer):
     assert ran == [0, 1] and sorted(rows) == [0, 1]                   # all layers from one forward
     assert rows[1].shape == (3, 1 + memory.n_tokens + 3)
     torch.testing.assert_close(rows[1].sum(-1), torch.ones(3))
+
+
+def test_traced_layers_pass_on_the_models_own_attention_output(family_model, tokenizer):
+    """Tracing computes a layer's output from its own scores: what reaches the next layer is unchanged."""
+    memory = formed(family_model, tokenizer, "shared_sink")
+    prompt = torch.tensor(tokenizer("where is the cat?", add_special_tokens=False)["input_ids"])
+    backend, n_layers = KVPrefixBackend(family_model), family_model.config.num_hidden_layers
+    into_last = []
+    handle = family_model.model.layers[-1].register_forward_pre_hook(
+        lambda m, a, k: into_last.append(a[0] if a else k["hidden_states"]), with_kwargs=True)
+    try:
+        run_after(family_model, backend.cache(memory, room=len(prompt)), prompt, 1 + memory.n_tokens)
+        rows_after(family_model, backend.cache(memory, room=len(prompt)), prompt, 1 + memory.n_tokens,
+                   list(range(n_layers)))
+    finally:
+        handle.remove()
+    plain, traced = into_last
+    torch.testing.assert_close(traced, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_traced_scores_mask_the_prompts_future_alike_without_a_mask():
+    """Attention functions may get no mask for causal attention: the rows are the masked ones."""
+    torch.manual_seed(0)
+    query, key, value = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
+    visible = torch.ones(3, 7, dtype=torch.bool).tril(diagonal=4).view(1, 1, 3, 7)
+    implicit, explicit = prompt_attention(None, query, key, value, None), \
+        prompt_attention(None, query, key, value, visible)
+    for a, b in zip(implicit, explicit):
+        torch.testing.assert_close(a, b)
+    assert (explicit[2][0, 5:] == 0).all() and (explicit[2][1, 6:] == 0).all()
