@@ -96,13 +96,22 @@ def probe_section(root, runs) -> Section:
             table["in_band"] = table["layer"].isin(band(len(layers))).map({True: "yes", False: "no"})
         folder = str(run.folder.relative_to(root))
         table.insert(0, "run", f"{run.config['model']['name']} {memory} {run.config['prompt']} "
-                               f"{run.config['formation']} ({folder})")
+                               f"{run.config['formation']}, {placements(records)} ({folder})")
         frames.append(table)
         [full] = write_analysis(run.folder)
         links.append(f"[{folder}]({full.relative_to(root)})")
     return Section(label, title, pd.concat(frames, ignore_index=True).round(2),
                    after="Every layer, best first: " + ", ".join(links) + ". `in_band`: the layer lies in "
                          "floor(L/3)..ceil(L/2), where the paper (App. F) looks for the tracer layer.")
+
+
+def placements(records: list[dict]) -> str:
+    """Where a probe run put the target: the paper's probe puts it at every position of every group."""
+    groups, positions = len({r["group"] for r in records}), sorted({r["position"] for r in records})
+    if positions == list(range(1, records[0]["fragments"] + 1)):
+        return f"{groups} groups, target at all {len(positions)} positions"
+    one_each = ", one per group" if len(records) == groups and len(positions) > 1 else ""
+    return f"{groups} groups, target at positions {'/'.join(map(str, positions))}{one_each}"
 
 
 def distortion_section(root, runs) -> Section:

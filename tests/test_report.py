@@ -27,8 +27,10 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
               "seconds": {"formation": 1.0, "trace": s / 4}} for s in (10, 20)]
     fake_run(tmp_path / "f" / "a", "Retention", "memdefrag_top2", steps, "informativeness",
              {"threads": 1, "seconds": {"per_group": 12.5}, "peak_memory": {"cpu_rss_mb": 900}})
-    fake_run(tmp_path / "p" / "b", "Probe", "vanilla", [{"ranks": {"last": [2, 1], "mean": [1, 3]},
-                                                                   "layers": [0, 1]}])
+    fake_run(tmp_path / "p" / "b", "Probe", "vanilla", [{"ranks": {"last": [2, 1], "mean": [1, 3]}, "layers": [0, 1],
+                                                          "group": 0, "position": p, "fragments": 2} for p in (1, 2)])
+    fake_run(tmp_path / "p" / "t", "Probe", "text", [{"ranks": {"last": [2, 1], "mean": [1, 3]}, "layers": [0, 1],
+                                                       "group": g, "position": 1 + g % 2, "fragments": 3} for g in (0, 1)])
     fading = [{"group": g, "step": s, "correct": s + g < 3, "memory_tokens": 100 * s,
                "density": {"last": [0.5 / s, 0.1], "mean": [0.4 / s, 0.2 * s]}} for g in (0, 1) for s in (1, 2, 3)]
     fake_run(tmp_path / "d" / "c", "Distortion", "vanilla", fading)
@@ -40,7 +42,8 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert re.search(r"\| nqa +\| 20 +\| +2.25 \|", readme.split("tab:forgetting_rank")[1])
     assert re.search(r"\| nqa +\| 10 +\| +3.5 \|", readme.split("tab:forgetting_seconds")[1])
     assert "in_band" in readme and "(p/b/tracing.md)" in readme and (tmp_path / "p" / "b" / "tracing.md").is_file()
-    assert "m latent chat shared_sink (p/b)" in readme and "12.5" in readme and "900" in readme
+    assert "m latent chat shared_sink, 1 groups, target at all 2 positions (p/b)" in readme
+    assert "m text chat shared_sink, 2 groups, target at positions 1/2, one per group (p/t)" in readme and "12.5" in readme and "900" in readme
     assert "_LongBench: the task is not built yet_" in readme
     distortion = readme.split("fig:distortion")[1]
     assert "### vanilla memory (2 groups, `d/c`)" in distortion and "| accuracy      | 100 |  50 |   0 |" in distortion
