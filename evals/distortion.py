@@ -45,7 +45,11 @@ def density_by_step(records: list[dict], mode: str) -> pd.DataFrame:
 
 
 def correlations(records: list[dict]) -> pd.DataFrame:
-    """Per query mode and layer: Pearson and Spearman r between per-step density and accuracy, best first."""
+    """Per query mode and layer: Pearson and Spearman r between per-step density and accuracy, best first.
+
+    `accuracy_levels` counts the distinct per-step accuracies: with two (a model at the floor after
+    step 1, say) every r is decided by one step and says little.
+    """
     accuracy = pd.DataFrame(records).groupby("step")["correct"].mean()
     rows = []
     for mode in QUERY_MODES:
@@ -56,6 +60,6 @@ def correlations(records: list[dict]) -> pd.DataFrame:
             rows.append({"query_mode": mode, "layer": int(layer),
                          "pearson": float("nan") if constant else stats.pearsonr(*pair).statistic,
                          "spearman": float("nan") if constant else stats.spearmanr(*pair).statistic,
-                         "steps": len(density)})
+                         "steps": len(density), "accuracy_levels": accuracy.nunique()})
     return pd.DataFrame(rows).sort_values(["query_mode", "pearson", "layer"], ascending=[True, False, True],
                                           na_position="last").reset_index(drop=True)

@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")                      # files only; no display on a cluster node
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
 def accuracy_curves(table: pd.DataFrame, path: str | Path, title: str = "") -> None:
@@ -36,6 +37,7 @@ def density_heatmap(density: pd.DataFrame, path: str | Path, title: str = "") ->
                       extent=(density.index.min() - 0.5, density.index.max() + 0.5, -0.5, density.shape[1] - 0.5))
     fig.colorbar(image, ax=ax, label="attention density of the target")
     ax.set(title=title, xlabel="update step", ylabel="layer")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -46,6 +48,7 @@ def accuracy_and_density(accuracy: pd.Series, density: pd.Series, path: str | Pa
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ax.plot(accuracy.index, 100 * accuracy.to_numpy(), marker="o", color="tab:blue", label="accuracy")
     ax.set(xlabel="update step", ylabel="accuracy (%)", title=title)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     twin = ax.twinx()
     twin.plot(density.index, density.to_numpy(), marker="s", color="tab:red", label="density")
     twin.set_ylabel("attention density")

@@ -129,7 +129,8 @@ def distortion_section(root, runs) -> Section:
         steps = frame.groupby("step").agg(accuracy=("correct", "mean"), memory_tokens=("memory_tokens", "mean"))
         steps["accuracy"] = (100 * steps["accuracy"]).round(1)
         best = correlations(records).groupby("query_mode").head(3).round(3)
-        parts += [f"### {run.config['method']['label']} memory ({frame.group.nunique()} groups, "
+        parts += [f"### {run.config['task']['dataset']}, {run.config['method']['label']} memory "
+                  f"({frame.group.nunique()} groups, "
                   f"`{run.folder.relative_to(root)}`)",
                   steps.T.astype(object).to_markdown(), best.to_markdown(index=False),
                   *(f"![{p.stem}]({p.relative_to(root)})" for p in figures)]

@@ -38,6 +38,7 @@ def test_correlations_per_layer():
     assert mean.loc[0, "spearman"] == pytest.approx(1.0) and mean.loc[0, "pearson"] == pytest.approx(0.9608, abs=1e-4)
     assert mean.loc[1, "spearman"] == pytest.approx(-1.0)
     assert mean.index.tolist() == [0, 1]                                  # best first
+    assert (table["accuracy_levels"] == 3).all()
     last = table[table.query_mode == "last"].set_index("layer")
     assert last.loc[1].isna()["pearson"]                                   # a constant density has no r
 

@@ -46,7 +46,7 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert "m text chat shared_sink, 2 groups, target at positions 1/2, one per group (p/t)" in readme and "12.5" in readme and "900" in readme
     assert "_LongBench: the task is not built yet_" in readme
     distortion = readme.split("fig:distortion")[1]
-    assert "### vanilla memory (2 groups, `d/c`)" in distortion and "| accuracy      | 100 |  50 |   0 |" in distortion
+    assert "### nqa, vanilla memory (2 groups, `d/c`)" in distortion and "| accuracy      | 100 |  50 |   0 |" in distortion
     assert "![density_heatmap_last](d/c/density_heatmap_last.png)" in distortion
     assert (tmp_path / "d" / "c" / "density_heatmap_last.png").stat().st_size > 1000
     assert (tmp_path / "tables" / "retention_comparison.tex").read_text().count("\\label{tab:retention_comparison}")
