@@ -44,13 +44,18 @@ def density_by_step(records: list[dict], mode: str) -> pd.DataFrame:
     return frame.groupby(level=0).mean()
 
 
+def accuracy_by_step(records: list[dict]) -> pd.Series:
+    """Share of correct answers per step."""
+    return pd.DataFrame(records).groupby("step")["correct"].mean()
+
+
 def correlations(records: list[dict]) -> pd.DataFrame:
     """Per query mode and layer: Pearson and Spearman r between per-step density and accuracy, best first.
 
     `accuracy_levels` counts the distinct per-step accuracies: with two (a model at the floor after
     step 1, say) every r is decided by one step and says little.
     """
-    accuracy = pd.DataFrame(records).groupby("step")["correct"].mean()
+    accuracy = accuracy_by_step(records)
     rows = []
     for mode in QUERY_MODES:
         density = density_by_step(records, mode)

@@ -10,21 +10,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import pandas as pd
 from omegaconf import OmegaConf
 
-from evals.distortion import correlations, density_by_step
+from evals.distortion import accuracy_by_step, correlations, density_by_step
 from evals.probe import tracing_table
 from harness.figures import accuracy_and_density, correlation_bars, density_heatmap
 from harness.results import read_jsonl
 from methods.tracing import QUERY_MODES
 
 
-def write_analysis(folder: str | Path) -> list[Path]:
-    """The figures and tables of one run folder; returns what was written."""
+def write_analysis(folder: str | Path, records: list[dict]) -> list[Path]:
+    """The figures and tables of one run folder from its records (the caller has read them);
+    returns what was written."""
     folder = Path(folder)
     target = OmegaConf.load(folder / "config.yaml").task._target_
-    records = read_jsonl(folder / "predictions.jsonl")
     if target.endswith("Probe"):
         out = folder / "tracing.md"
         out.write_text(tracing_table(records).to_markdown(index=False, floatfmt=".2f") + "\n")
@@ -34,7 +33,7 @@ def write_analysis(folder: str | Path) -> list[Path]:
     table = correlations(records)
     written = [folder / "correlations.md"]
     written[0].write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
-    accuracy = pd.DataFrame(records).groupby("step")["correct"].mean()
+    accuracy = accuracy_by_step(records)
     for mode in QUERY_MODES:
         density = density_by_step(records, mode)
         rows = table[table.query_mode == mode]
@@ -52,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+")
     for folder in parser.parse_args(argv).folders:
-        for path in write_analysis(folder):
+        for path in write_analysis(folder, read_jsonl(Path(folder) / "predictions.jsonl")):
             print(path)
 
 

@@ -98,7 +98,7 @@ def probe_section(root, runs) -> Section:
         table.insert(0, "run", f"{run.config['model']['name']} {memory} {run.config['prompt']} "
                                f"{run.config['formation']}, {placements(records)} ({folder})")
         frames.append(table)
-        [full] = write_analysis(run.folder)
+        [full] = write_analysis(run.folder, records)
         links.append(f"[{folder}]({full.relative_to(root)})")
     return Section(label, title, pd.concat(frames, ignore_index=True).round(2),
                    after="Every layer, best first: " + ", ".join(links) + ". `in_band`: the layer lies in "
@@ -123,8 +123,8 @@ def distortion_section(root, runs) -> Section:
         return Section(label, title, missing="no runs yet: memdefrag experiment=distortion")
     parts = []
     for run in chosen:
-        figures = [p for p in write_analysis(run.folder) if p.suffix == ".png"]
         records = read_jsonl(run.folder / "predictions.jsonl")
+        figures = [p for p in write_analysis(run.folder, records) if p.suffix == ".png"]
         frame = pd.DataFrame(records)
         steps = frame.groupby("step").agg(accuracy=("correct", "mean"), memory_tokens=("memory_tokens", "mean"))
         steps["accuracy"] = (100 * steps["accuracy"]).round(1)

@@ -49,8 +49,7 @@ def test_analysis_writes_the_figures_and_tables(tmp_path):
     (tmp_path / "config.yaml").write_text("task:\n  _target_: evals.distortion.Distortion\n")
     records = [{"step": s, "correct": s < 3, "density": {"last": [1 / s, 0.2], "mean": [1 / s, 1 / s ** 2]}}
                for s in (1, 2, 3, 4)]
-    (tmp_path / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    written = write_analysis(tmp_path)
+    written = write_analysis(tmp_path, records)
     assert sorted(p.name for p in written) == sorted(
         ["correlations.md"] + [f"{kind}_{mode}.png" for kind in ("density_heatmap", "accuracy_density",
                                                                   "correlations") for mode in ("last", "mean")])
