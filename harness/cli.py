@@ -36,8 +36,6 @@ def app(cfg: DictConfig):
 @hydra.main(config_path="../conf", config_name="tracer_sweep", version_base="1.3")
 def tracer_sweep(cfg: DictConfig):
     """Probe the candidate layers, then record the best (layer, query mode) for the model."""
-    if cfg.full:
-        cfg.task.layers = "all"
     with stops_on_config_error("memdefrag tracer-sweep"):
         table = run(cfg, HydraConfig.get().runtime.output_dir)
     best = table.iloc[table["mean_rank"].idxmin()]

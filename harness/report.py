@@ -22,6 +22,8 @@ from harness.results import read_jsonl, read_run_info
 from harness.tracers import recorded, tracers_file
 from harness.summary import accuracy_table, records_of, run_folders, run_labels
 
+DEFAULT_MODEL = "smollm2"     # the paper tables' backbone here; other models get sections of their own
+
 
 @dataclass
 class Run:
@@ -32,6 +34,10 @@ class Run:
     @property
     def task(self) -> str:
         return self.config["task"]["_target_"].rsplit(".", 1)[-1]
+
+    @property
+    def model(self) -> str:
+        return self.config["model"]["name"]
 
     @property
     def bounded(self) -> bool:
@@ -57,8 +63,8 @@ def runs_under(root: Path) -> list[Run]:
     return runs
 
 
-def retention_section(root, runs, label, title, bounded, figures) -> Section:
-    chosen = [r for r in runs if r.task == "Retention" and r.bounded == bounded]
+def retention_section(root, runs, label, title, bounded, figures, model: str = DEFAULT_MODEL) -> Section:
+    chosen = [r for r in runs if r.task == "Retention" and r.bounded == bounded and r.model == model]
     if not chosen:
         need = "memdefrag experiment=retention_comparison (results/run_forgetting.sh)" if bounded else \
             "results/run_accuracy.sh"
@@ -193,6 +199,9 @@ def build(root: Path) -> list[Section]:
     sections = [
         retention_section(root, runs, "tab:retention", "Knowledge retention, accuracy (%) per update step "
                           "(unbounded memory)", False, figures),
+        *(retention_section(root, runs, f"tab:retention_{model}", f"Knowledge retention on {model}, accuracy (%) "
+                            "per update step (unbounded memory)", False, figures, model)
+          for model in sorted({r.model for r in runs if r.task == "Retention"} - {DEFAULT_MODEL})),
         retention_section(root, runs, "tab:retention_comparison", "Knowledge retention with forgetting, "
                           "accuracy (%) at steps 10..50", True, figures),
         # Where accuracy sits at the floor (a small model on NaturalQA/SQuAD) the target's rank still

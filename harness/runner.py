@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 from tqdm import tqdm
 
-from harness import shards
+from harness import selfcheck, shards
 from harness.errors import ConfigError
 from harness.models import ModelSpec, check_source, load, num_layers
 from harness.plugins import build
@@ -51,7 +51,12 @@ def preflight(cfg: DictConfig):
     if cfg.max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} must be >= 1")
     spec = ModelSpec(**cfg.model)
-    model_config = check_source(spec)
+    model_config, tokenizer = check_source(spec)
+    try:
+        format_prompt(tokenizer, "?", cfg.prompt)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    selfcheck.refuse_unsupported(BACKENDS[cfg.backend], model_config)
     method = build(cfg.method, "method")
     try:
         method.check(num_layers(model_config))
@@ -82,12 +87,9 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
     torch.manual_seed(cfg.seed)
     spec, method, task, forgetting = preflight(cfg)
     model, tokenizer = load(spec)
-    try:
-        format_prompt(tokenizer, "?", cfg.prompt)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
     groups = shards.select(task.groups(tokenizer), shards.parse(cfg.shard))
     backend = BACKENDS[cfg.backend](model)
+    verdict = selfcheck.verify(backend, tokenizer, spec)
     folder = ResultFolder(run_dir, cfg, resume=cfg.resume)
     label = cfg.method.label
     formed = formed_fragments(spec)
@@ -108,8 +110,8 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
     records, group_seconds = folder.records, list(folder.done.values())
     metrics = metrics_table(task, records, label)
     info = {"method": label, "forgetting": cfg.forgetting.label, "capacity": forgetting.capacity,
-            "model": spec.name, "backend": cfg.backend, "formation": cfg.formation,
-            "prompt": cfg.prompt, "groups": len(groups), "threads": torch.get_num_threads(),
+            "model": spec.name, "dtype": spec.dtype, "self_check": verdict, "backend": cfg.backend,
+            "formation": cfg.formation, "prompt": cfg.prompt, "groups": len(groups), "threads": torch.get_num_threads(),
             "seconds": {"total": sum(group_seconds), "per_group": sum(group_seconds) / len(groups),
                         "phases": phase_totals(records)},
             "peak_memory": peak_memory_mb()}

@@ -29,15 +29,13 @@ def recorded() -> dict:
 
 
 def resolve(field: str, default=NO_DEFAULT, *, _parent_):
-    """The `tracer` resolver: `field` of the model named by the enclosing node."""
+    """The `tracer` resolver: `field` of the model named by the enclosing node; None when neither
+    recorded nor defaulted (a method that traces refuses to run without it, the others need none)."""
     if field not in FIELDS:
         raise ConfigError(f"${{tracer:{field}}}: the field must be one of {FIELDS}")
     name = _parent_.get("name")
     value = recorded().get(name, {}).get(field, default)
-    if value == NO_DEFAULT:
-        raise ConfigError(f"model {name!r} has no {field} in {tracers_file()}: run `memdefrag tracer-sweep "
-                          f"model=...` for it, or set model.{field}")
-    return value
+    return None if value == NO_DEFAULT else value
 
 
 def record(name: str, choice: dict) -> Path:

@@ -65,6 +65,10 @@ class HiddenPrefixBackend:
     def __init__(self, model):
         self.model = model
 
+    @staticmethod
+    def check(model_config) -> None:
+        """Any decoder with a stack of layers: nothing to refuse before its weights load."""
+
     def _run(self, memory: LatentMemory, prompt_ids: torch.Tensor, **kwargs):
         states = memory.stacked("states", dim=1)                       # [L, 1+N, hidden]
         embed = decoder_of(self.model).embed_tokens

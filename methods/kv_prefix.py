@@ -10,10 +10,11 @@ rotated to the contiguous positions of the current order and only the prompt run
 from __future__ import annotations
 
 import torch
+from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 from transformers.cache_utils import Cache, DynamicLayer
 
 from methods.memory import LatentMemory
-from methods.positions import Rotary
+from methods.positions import Rotary, RotaryError, has_rotary_function
 from methods.tracing import recording_attention, until_stopped
 
 
@@ -58,6 +59,13 @@ class KVPrefixBackend:
 
     def __init__(self, model):
         self.model = model
+
+    @staticmethod
+    def check(model_config) -> None:
+        """Before any weights load: the family must apply rotary positions (RotaryError otherwise)."""
+        model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(model_config), None)
+        if model_class is not None and not has_rotary_function(model_class):
+            raise RotaryError(f"needs rotary positions; model type {model_config.model_type!r} has none")
 
     def cache(self, memory: LatentMemory, room: int, layers: int | None = None) -> Cache:
         """A cache holding the memory of `layers` first layers at positions 0..N, with `room` to grow."""

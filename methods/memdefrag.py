@@ -19,17 +19,21 @@ def defragment(density: torch.Tensor, k: int | None) -> list[int]:
 
 class MemDefrag(Method):
     """k: an integer >= 1, or 'all' (reorder only); tracer_layer: 0-based decoder index;
-    query_mode: 'last' or 'mean' prompt tokens."""
+    query_mode: 'last' or 'mean' prompt tokens (None for either: the model has none recorded)."""
 
-    def __init__(self, k: int | str = 2, tracer_layer: int = 0, query_mode: str = "last"):
+    def __init__(self, k: int | str = 2, tracer_layer: int | None = 0, query_mode: str | None = "last"):
         if k != "all" and (not isinstance(k, int) or isinstance(k, bool) or k <= 0):
             raise ValueError(f"method.k={k!r} is not allowed: use an integer >= 1 or 'all'")
-        if query_mode not in QUERY_MODES:
+        if query_mode is not None and query_mode not in QUERY_MODES:
             raise ValueError(f"method.query_mode={query_mode!r} is not one of {QUERY_MODES}")
         self.k = None if k == "all" else k
         self.tracer_layer, self.query_mode = tracer_layer, query_mode
 
     def check(self, num_layers: int) -> None:
+        if self.tracer_layer is None or self.query_mode is None:
+            raise ValueError("method.tracer_layer and method.query_mode must be set: no tracer layer is recorded "
+                             "for this model; run `memdefrag tracer-sweep model=...` for it (conf/tracers.yaml), "
+                             "or set model.tracer_layer and model.query_mode")
         if not 0 <= self.tracer_layer < num_layers:
             raise ValueError(f"method.tracer_layer={self.tracer_layer} is out of range: this model has "
                              f"{num_layers} decoder layers, allowed 0..{num_layers - 1}")

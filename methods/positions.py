@@ -148,7 +148,7 @@ class Rotary:
     def tables(self, total: int, like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each table's cos/sin at positions 0..total-1: [1, total, rot] each."""
         positions = torch.arange(total, device=like.device).view(1, -1)
-        return [tuple(t.to(like.dtype) for t in c(like, positions)) for c in self.candidates]
+        return [c(like, positions) for c in self.candidates]
 
     def place(self, out: torch.Tensor, keys: torch.Tensor, tables, start: int) -> None:
         """Write keys [L, kv, T, d] (layers 0..L-1) into out [L, kv, T, d] at positions start..start+T-1."""

@@ -74,11 +74,18 @@ def test_memdefrag_labels_name_k():
     (["forgetting=informativeness", "model.memory_capacity=0"], "forgetting.capacity=0 must be a positive"),
     (["forgetting=random", "model.memory_capacity=null"], "capacity=None must be a positive"),
     (["forgetting=random_layerwise", "method=text"], "method=text has no layers"),
-    (["model=hf", "model.source=x"], "model 'x' has no tracer_layer in .*tracers.yaml: run `memdefrag tracer-sweep"),
+    (["model.tracer_layer=null"], "method.tracer_layer and method.query_mode must be set: .*memdefrag tracer-sweep"),
 ])
 def test_bad_input_is_refused_before_work(overrides, message):
     with pytest.raises(ConfigError, match=message):
         preflight(composed(*overrides))
+
+
+def test_methods_that_never_trace_need_no_tracer_layer(tiny_checkpoint):
+    for method in ("vanilla", "none", "text"):
+        cfg = composed("model=hf", f"model.source={tiny_checkpoint}", "model.dtype=float32", f"method={method}")
+        assert cfg.model.tracer_layer is None
+        preflight(cfg)
 
 
 def test_bad_data_is_refused_before_the_model_loads(tmp_path):

@@ -76,7 +76,8 @@ def test_tracer_sweep_records_a_layer_that_memdefrag_then_uses(tmp_path, tiny_ch
     assert done.returncode == 0, done.stderr[-2000:]
     import yaml
     choice = yaml.safe_load((tmp_path / "tracers.yaml").read_text())["tiny"]
-    assert choice["tracer_layer"] in (1, 2) and choice["query_mode"] in ("last", "mean")   # the band of 3 layers
+    assert choice["tracer_layer"] in (0, 1, 2) and choice["query_mode"] in ("last", "mean")  # every layer
+    assert choice["swept"].startswith("layers all")
     cfg = tiny_run_config(tiny_checkpoint, "model.name=tiny", "model.tracer_layer=${tracer:tracer_layer,none}",
                           "model.query_mode=${tracer:query_mode,last}")
     assert (cfg.method.tracer_layer, cfg.method.query_mode) == (choice["tracer_layer"], choice["query_mode"])
