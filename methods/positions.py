@@ -60,12 +60,14 @@ def watching_rotary(model):
     original = getattr(module, ROTARY_FUNCTION, None)
     if original is None:
         raise RotaryError(f"model type {model.config.model_type!r} has no rotary positions")
-    unsqueeze = inspect.signature(original).parameters.get("unsqueeze_dim")
+    signature = inspect.signature(original)
     calls: list[RotaryCall] = []
 
     def watched(q, k, cos, sin, *args, **kwargs):
         q_out, k_out = original(q, k, cos, sin, *args, **kwargs)
-        axis = kwargs.get("unsqueeze_dim", args[0] if args else (unsqueeze.default if unsqueeze else 1))
+        given = signature.bind(q, k, cos, sin, *args, **kwargs)
+        given.apply_defaults()
+        axis = given.arguments.get("unsqueeze_dim", 1)      # the axis cos/sin gain: the heads'
         calls.append(RotaryCall(k.detach(), cos.detach(), sin.detach(), axis, k_out.detach()))
         return q_out, k_out
 
