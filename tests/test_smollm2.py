@@ -55,6 +55,7 @@ def test_cli_writes_a_self_describing_result_folder(tmp_path):
     assert {"group", "step", "method", "output", "correct", "memory_tokens", "target_rank", "seconds"} <= set(records[0])
     info = json.loads((out / "run.json").read_text())
     assert info["formation"] == "shared_sink" and info["prompt"] == "chat" and info["versions"]["torch"]
+    assert info["dtype"] == "float32" and info["self_check"]["exact"]
     assert (out / "metrics.csv").read_text().startswith("method,step,accuracy")
     assert list((out / "wandb").glob("offline-run-*"))
 
