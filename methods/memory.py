@@ -7,6 +7,7 @@ fragments follow in the current order at positions 1..N.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -125,14 +126,99 @@ class LatentMemory:
         return torch.cat(parts, dim=dim)
 
     def save(self, path: str | Path) -> None:
-        torch.save({"sink": _as_dict(self.sink), "fragments": [_as_dict(f) for f in self.fragments]}, path)
+        """Write the memory whole or not at all: a temporary file beside `path`, then a rename."""
+        path = Path(path)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        try:
+            torch.save({"format": FILE_FORMAT, "version": FILE_VERSION, "sink": _as_dict(self.sink),
+                        "fragments": [_as_dict(f) for f in self.fragments]}, partial)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
 
     @classmethod
     def load(cls, path: str | Path) -> "LatentMemory":
-        data = torch.load(path, weights_only=True)
-        sink = Fragment(**data["sink"]) if data["sink"] else None
-        return cls(sink, [Fragment(**d) for d in data["fragments"]])
+        """A saved memory, checked (format, version, fields, shapes, dtypes); MemoryFileError names the
+        file and the fault. Loading never runs code from the file (weights_only)."""
+        try:
+            data = torch.load(path, weights_only=True)
+        except FileNotFoundError:
+            raise
+        except Exception as err:  # noqa: BLE001 - torch raises many types for a file that is not its own
+            cause = str(err).splitlines()[0] if str(err) else "empty or truncated"
+            raise MemoryFileError(f"{path}: not a memory saved by LatentMemory.save ({cause})") from None
+        try:
+            return _validated(data)
+        except (KeyError, TypeError, ValueError) as err:
+            raise MemoryFileError(f"{path}: {err.args[0] if err.args else err}") from None
+
+
+FILE_FORMAT, FILE_VERSION = "memdefrag.LatentMemory", 1
+
+
+class MemoryFileError(ValueError):
+    """A memory file that cannot be read back: the message names the file and what is wrong."""
 
 
 def _as_dict(fragment: Fragment | None) -> dict | None:
     return None if fragment is None else {f.name: getattr(fragment, f.name) for f in fields(fragment)}
+
+
+def _validated(data) -> LatentMemory:
+    """The memory in a loaded file, or ValueError saying what is wrong with it."""
+    if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
+        raise ValueError("not a memory saved by LatentMemory.save (no memdefrag format mark)")
+    if data.get("version") != FILE_VERSION:
+        raise ValueError(f"format version {data.get('version')!r}; this memdefrag reads version {FILE_VERSION}")
+    if data.get("sink") is None:
+        raise ValueError("it has no sink (position 0); a saved memory always has one")
+    if not isinstance(data.get("fragments"), list):
+        raise ValueError("'fragments' is not a list")
+    memory = LatentMemory(_fragment(data["sink"], "sink"),
+                          [_fragment(d, f"fragment {i}") for i, d in enumerate(data["fragments"])])
+    _consistent([memory.sink, *memory.fragments])
+    return memory
+
+
+def _fragment(entry, where: str) -> Fragment:
+    """One fragment from its saved fields, its own shapes checked."""
+    names = {f.name for f in fields(Fragment)}
+    if not isinstance(entry, dict) or set(entry) != names:
+        found = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+        raise ValueError(f"{where}: fields {found}, expected {sorted(names)}")
+    fragment = Fragment(**entry)
+    if not isinstance(fragment.fid, int) or not isinstance(fragment.text, str):
+        raise ValueError(f"{where}: fid must be an integer and text a string")
+    ids, info = fragment.token_ids, fragment.self_info
+    if not (isinstance(ids, torch.Tensor) and isinstance(info, torch.Tensor)) or ids.dim() not in (1, 2) \
+            or ids.shape != info.shape or ids.dtype != torch.long or not info.is_floating_point():
+        raise ValueError(f"{where}: token_ids (integers) and self_info (floats) must be tensors of one shape "
+                         f"[T] or [layers, T]")
+    length = len(fragment)
+    for name, token_dim, dims in (("keys", 2, 4), ("values", 2, 4), ("states", 1, 3)):
+        t = getattr(fragment, name)
+        if t is not None and (not isinstance(t, torch.Tensor) or t.dim() != dims or not t.is_floating_point()
+                              or t.shape[token_dim] != length):
+            raise ValueError(f"{where}: {name} must be a float tensor of {dims} dims holding its {length} tokens "
+                             f"at dim {token_dim}, got {getattr(t, 'shape', type(t).__name__)}")
+    if (fragment.keys is None) != (fragment.values is None) or \
+            (fragment.keys is not None and fragment.keys.shape != fragment.values.shape):
+        raise ValueError(f"{where}: keys and values must both be present, of one shape")
+    return fragment
+
+
+def _consistent(fragments: list[Fragment]) -> None:
+    """Every fragment stores the same tensors, with the same layers, heads, widths and dtype."""
+    for name, shared in (("keys", (0, 1, 3)), ("values", (0, 1, 3)), ("states", (0, 2))):
+        present = [getattr(f, name) for f in fragments]
+        if all(t is None for t in present):
+            continue
+        if any(t is None for t in present):
+            raise ValueError(f"some fragments have {name} and some do not")
+        sizes = {tuple(t.shape[d] for d in shared) + (t.dtype,) for t in present}
+        if len(sizes) > 1:
+            raise ValueError(f"{name} differ across fragments in layers, heads, width or dtype: {sorted(map(str, sizes))}")
+    layered = {f.token_ids.shape[0] for f in fragments if f.token_ids.dim() == 2}
+    stored = {f.num_layers for f in fragments} - {None}
+    if layered and (len(layered) > 1 or (stored and layered != stored)):
+        raise ValueError(f"per-layer token ids for {sorted(layered)} layers, tensors for {sorted(stored)}")

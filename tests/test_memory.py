@@ -70,3 +70,54 @@ def test_missing_tensors_name_the_backend_need():
     memory = LatentMemory(Fragment(0, "", torch.tensor([1]), torch.zeros(1)), [])
     with pytest.raises(ValueError, match="'states'"):
         memory.stacked("states", 1)
+
+
+def saved_dict(memory):
+    from methods.memory import FILE_FORMAT, FILE_VERSION, _as_dict
+    return {"format": FILE_FORMAT, "version": FILE_VERSION, "sink": _as_dict(memory.sink),
+            "fragments": [_as_dict(f) for f in memory.fragments]}
+
+
+def broken_shapes(data):
+    data["fragments"][1]["values"] = data["fragments"][1]["values"][:, :1]     # one head instead of two
+    return data
+
+
+def another_width(data):
+    data["fragments"][2]["keys"] = torch.randn(L, KV, 2, D + 1)
+    data["fragments"][2]["values"] = torch.randn(L, KV, 2, D + 1)
+    return data
+
+
+@pytest.mark.parametrize("write, fault", [
+    (lambda path, memory: path.write_text("fragments: not a memory\n"), "not a memory saved by LatentMemory.save"),
+    (lambda path, memory: path.write_bytes(b""), "not a memory saved by LatentMemory.save"),
+    (lambda path, memory: (memory.save(path), path.write_bytes(path.read_bytes()[:200])),
+     "not a memory saved by LatentMemory.save"),
+    (lambda path, memory: torch.save({**saved_dict(memory), "version": 99}, path), "format version 99"),
+    (lambda path, memory: torch.save({"sink": None, "fragments": []}, path), "no memdefrag format mark"),
+    (lambda path, memory: torch.save(broken_shapes(saved_dict(memory)), path), "keys and values must both"),
+    (lambda path, memory: torch.save(another_width(saved_dict(memory)), path), "keys differ across fragments"),
+    (lambda path, memory: torch.save({**saved_dict(memory), "fragments": [{"fid": 0}]}, path), "fragment 0: fields"),
+])
+def test_load_names_the_file_and_what_is_wrong(memory, tmp_path, write, fault):
+    from methods.memory import MemoryFileError
+    path = tmp_path / "m.pt"
+    write(path, memory)
+    with pytest.raises(MemoryFileError, match=fault) as caught:
+        LatentMemory.load(path)
+    assert str(caught.value).startswith(str(path)) and "\n" not in str(caught.value)
+
+
+def test_a_failure_mid_save_leaves_the_old_file_intact(memory, tmp_path, monkeypatch):
+    path = tmp_path / "m.pt"
+    memory.save(path)
+    before = path.read_bytes()
+
+    def half_then_fail(obj, target):
+        open(target, "wb").write(b"half a memo")
+        raise OSError("disk full")
+    monkeypatch.setattr(torch, "save", half_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        LatentMemory(memory.sink, memory.fragments[:1]).save(path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["m.pt"]
