@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from evals.retention import Retention
+from harness.errors import ConfigError, stops_on_config_error
 from harness.models import ModelSpec, load
 from methods.formation import Former
 from methods.hidden_prefix import HiddenPrefixBackend
@@ -47,6 +48,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--k", type=int, default=2)
     parser.add_argument("--out", default=None, help="also write the table as Markdown here")
     args = parser.parse_args(argv)
+    with stops_on_config_error("memdefrag-bench"):
+        if args.threads < 1 or args.k < 1 or args.repeats < 1 or min(args.sizes) < 1:
+            raise ConfigError(f"--threads {args.threads}, --k {args.k}, --repeats {args.repeats} and --sizes "
+                              f"{args.sizes} must all be >= 1")
+        Retention(args.dataset, args.data_dir, groups=1, updates=max(args.sizes)).check()
     torch.set_num_threads(args.threads)
     spec = ModelSpec("smollm2", "smollm2", tracer_layer=18, query_mode="mean")
     model, tokenizer = load(spec)

@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
-
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from harness import report, shards, tracers
-from harness.errors import ConfigError
+from harness.errors import stops_on_config_error
 from harness.runner import run
-
-
-@contextmanager
-def stops_on_config_error(prog: str):
-    """Bad input ends the command with one line on stderr and exit status 2, never a traceback."""
-    try:
-        yield
-    except ConfigError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
-        sys.exit(2)
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
@@ -67,7 +55,8 @@ def main() -> None:
     if command == "merge":
         merge(sys.argv[2:])
     elif command == "report":
-        report.main(sys.argv[2:])
+        with stops_on_config_error("memdefrag report"):
+            report.main(sys.argv[2:])
     elif command == "tracer-sweep":
         del sys.argv[1]
         tracer_sweep()

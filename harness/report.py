@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from evals.distortion import correlations
 from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
+from harness.errors import ConfigError
 from harness.figures import accuracy_curves
 from harness.results import read_jsonl, read_run_info
 from harness.tracers import recorded, tracers_file
@@ -63,8 +64,9 @@ def runs_under(root: Path) -> list[Run]:
     return runs
 
 
-def retention_section(root, runs, label, title, bounded, figures, model: str = DEFAULT_MODEL) -> Section:
-    chosen = [r for r in runs if r.task == "Retention" and r.bounded == bounded and r.model == model]
+def retention_section(root, runs, label, title, bounded, figures, model: str | None = None) -> Section:
+    """model: only that model's runs (None: any)."""
+    chosen = [r for r in runs if r.task == "Retention" and r.bounded == bounded and model in (None, r.model)]
     if not chosen:
         need = "memdefrag experiment=retention_comparison (results/run_forgetting.sh)" if bounded else \
             "results/run_accuracy.sh"
@@ -198,7 +200,7 @@ def build(root: Path) -> list[Section]:
     figures.mkdir(exist_ok=True)
     sections = [
         retention_section(root, runs, "tab:retention", "Knowledge retention, accuracy (%) per update step "
-                          "(unbounded memory)", False, figures),
+                          "(unbounded memory)", False, figures, DEFAULT_MODEL),
         *(retention_section(root, runs, f"tab:retention_{model}", f"Knowledge retention on {model}, accuracy (%) "
                             "per update step (unbounded memory)", False, figures, model)
           for model in sorted({r.model for r in runs if r.task == "Retention"} - {DEFAULT_MODEL})),
@@ -223,6 +225,8 @@ def build(root: Path) -> list[Section]:
 
 def write(root: Path) -> Path:
     """Tables under root/tables (Markdown and LaTeX), figures under root/figures, root/README.md."""
+    if not root.is_dir():
+        raise ConfigError(f"{root}: no such folder (give the folder that holds the result folders)")
     sections = build(root)
     tables = root / "tables"
     tables.mkdir(exist_ok=True)

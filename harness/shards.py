@@ -41,6 +41,8 @@ def select(groups: list, shard: tuple[int, int] | None) -> list:
 
 def merge_sweep(folder: str | Path) -> list[Path]:
     """Merge every complete set of shards under `folder` into `folder`/merged/<run>; returns those runs."""
+    if not Path(folder).is_dir():
+        raise ConfigError(f"{folder}: no such folder (give a sweep folder holding shard runs)")
     sets: dict[str, list[tuple[Path, tuple[int, int]]]] = defaultdict(list)
     for run_dir in run_folders(folder):       # result folders only: Hydra's own .hydra/config.yaml is no run
         cfg = OmegaConf.load(run_dir / "config.yaml")
@@ -48,6 +50,8 @@ def merge_sweep(folder: str | Path) -> list[Path]:
             continue
         unsharded = OmegaConf.to_yaml(OmegaConf.merge(cfg, {"shard": None}))
         sets[unsharded].append((run_dir, parse(cfg.shard)))
+    if not sets:
+        raise ConfigError(f"{folder}: holds no sharded runs (shard=i/n) to merge")
     merged = []
     for unsharded, shards in sets.items():
         count = shards[0][1][1]
