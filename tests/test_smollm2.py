@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,3 +65,14 @@ def test_cli_refuses_bad_input_with_one_line(tmp_path):
     done = memdefrag("method.k=0", f"hydra.run.dir={tmp_path}", cwd=os.getcwd())
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("memdefrag: error: method: method.k=0 is not allowed")
+
+
+def test_the_readme_library_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    example = readme.split("## Use it as a library\n\n```python\n")[1].split("```")[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "README example", "exec"), {})
+    text, densities = capsys.readouterr().out.strip().splitlines()[-2:]
+    assert (tmp_path / "memory.pt").is_file() and "Quenby" in text
+    density = eval(densities)
+    assert len(density) == 3 and max(density, key=density.get) == 1          # the capital's fragment, densest
