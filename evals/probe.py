@@ -58,8 +58,9 @@ class Probe:
 
     def run_group(self, session, group: Group) -> Iterator[dict]:
         """One record per target position: the target's rank at every layer, per query mode."""
-        target = session.store(group.target.context + "\n\n")
-        for text in group.distractors:
+        first, *distractors = group.texts()
+        target = session.store(first)
+        for text in distractors:
             session.store(text, reuse=True)
         prompt_ids = format_prompt(session.tokenizer, group.target.question, session.prompt)
         layers = self.layers_of(num_layers(session.model.config))

@@ -25,6 +25,10 @@ class Group:
     target: datasets.QAItem
     distractors: tuple[str, ...]
 
+    def texts(self) -> list[str]:
+        """What the group stores, in order: its target context, then the distractors."""
+        return [self.target.context + "\n\n", *self.distractors]
+
 
 def is_correct(answer: str, output: str) -> bool:
     return answer.strip().lower() in output.lower()
@@ -39,6 +43,8 @@ class Retention:
                  seed: int = 42, max_context_tokens: int = 512):
         if groups < 1 or updates < 1:
             raise ConfigError(f"task.groups={groups} and task.updates={updates} must both be >= 1")
+        if eval_steps is not None and not eval_steps:
+            raise ConfigError("task.eval_steps=[] asks at no step: list steps in 1..task.updates, or null for every step")
         steps = sorted(set(eval_steps)) if eval_steps else list(range(1, updates + 1))
         if steps[0] < 1 or steps[-1] > updates:
             raise ConfigError(f"task.eval_steps={list(eval_steps)} must lie in 1..task.updates={updates}")
@@ -77,7 +83,7 @@ class Retention:
     def run_group(self, session, group: Group) -> Iterator[dict]:
         """Store, shuffle, ask: one record per evaluated step."""
         generator = torch.Generator().manual_seed(self.seed * 100_003 + group.index)
-        texts = [group.target.context + "\n\n", *group.distractors]
+        texts = group.texts()
         target_id = None
         for step in range(1, self.updates + 1):
             fid = session.store(texts[step - 1], reuse=step > 1)     # distractors recur in every group

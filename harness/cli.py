@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import sys
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+import conf  # noqa: F401 - registers the typed schemas the configs extend
 from harness import report, shards, tracers
 from harness.errors import stops_on_config_error
+from harness.jobs import check_jobs
 from harness.runner import run
 
 
@@ -59,6 +62,10 @@ def main() -> None:
             report.main(sys.argv[2:])
     elif command == "tracer-sweep":
         del sys.argv[1]
+        with stops_on_config_error("memdefrag tracer-sweep"):
+            check_jobs("tracer_sweep", sys.argv[1:])
         tracer_sweep()
     else:
+        with stops_on_config_error("memdefrag"):
+            check_jobs("config", sys.argv[1:])
         app()

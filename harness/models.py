@@ -9,6 +9,7 @@ loads take seconds and another file of the same name never reuses the old copy.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -157,12 +158,17 @@ def check_source(spec: ModelSpec):
     """(model config, tokenizer), or one clear error naming the model, before any weights load or convert."""
     if spec.dtype not in DTYPES:
         raise ConfigError(f"model.dtype={spec.dtype!r} is not one of {sorted(DTYPES)}")
-    source, gguf_file, _ = _where(spec)
-    kwargs = {"gguf_file": gguf_file, "trust_remote_code": spec.trust_remote_code}
     try:
-        return AutoConfig.from_pretrained(source, **kwargs), AutoTokenizer.from_pretrained(source, **kwargs)
+        return _config_and_tokenizer(*_where(spec)[:2], spec.trust_remote_code)
     except (OSError, ValueError, KeyError) as err:
         raise _loading_error(spec, err) from None
+
+
+@functools.lru_cache(maxsize=8)
+def _config_and_tokenizer(source: str, gguf_file: str | None, trust_remote_code: bool):
+    """Read once per process: a sweep's jobs are all checked before the first starts."""
+    kwargs = {"gguf_file": gguf_file, "trust_remote_code": trust_remote_code}
+    return AutoConfig.from_pretrained(source, **kwargs), AutoTokenizer.from_pretrained(source, **kwargs)
 
 
 def pick_device(device: str) -> str:

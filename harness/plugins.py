@@ -10,7 +10,7 @@ from harness.errors import ConfigError
 
 def build(node: DictConfig, what: str, **kwargs):
     """Instantiate a plugin config; a bad value becomes a ConfigError naming it."""
-    fields = OmegaConf.to_container(node, resolve=True)
+    fields = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
     fields.pop("label", None)
     try:
         return instantiate(fields, **kwargs)

@@ -18,7 +18,6 @@ from harness.models import ModelSpec, check_source, load, num_layers
 from harness.plugins import build
 from harness.results import ResultFolder, metrics_table, peak_memory_mb
 from methods.forgetting import CapacityError
-from methods.formation import FORMATIONS
 from methods.hidden_prefix import HiddenPrefixBackend
 from methods.kv_prefix import KVPrefixBackend
 from methods.session import Session, format_prompt
@@ -43,14 +42,12 @@ def preflight(cfg: DictConfig):
         while cause is not None and not isinstance(cause, ConfigError):
             cause = cause.__cause__ or cause.__context__
         raise (cause or ConfigError(f"{err.full_key}: {str(err).splitlines()[0]}")) from None
-    if cfg.backend not in BACKENDS:
-        raise ConfigError(f"backend={cfg.backend!r} is not one of {sorted(BACKENDS)}")
-    if cfg.formation not in FORMATIONS:
-        raise ConfigError(f"formation={cfg.formation!r} is not one of {FORMATIONS}")
     shards.parse(cfg.shard)
     if cfg.max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} must be >= 1")
-    spec = ModelSpec(**cfg.model)
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ConfigError(f"threads={cfg.threads} must be >= 1, or null for torch's default")
+    spec = ModelSpec(**OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True))
     model_config, tokenizer = check_source(spec)
     try:
         format_prompt(tokenizer, "?", cfg.prompt)
@@ -68,7 +65,14 @@ def preflight(cfg: DictConfig):
     if forgetting.layerwise and not method.needs_latent:
         raise ConfigError(f"forgetting={cfg.forgetting.label} drops different tokens at every layer; "
                           f"method={cfg.method.label} has no layers (use a latent method or forgetting=random)")
-    return spec, method, task, forgetting
+    groups = shards.select(task.groups(tokenizer), shards.parse(cfg.shard))
+    if forgetting.capacity is not None:
+        texts = {text for group in groups for text in group.texts()}
+        longest = max(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts)
+        if longest > forgetting.capacity:
+            raise ConfigError(f"forgetting.capacity={forgetting.capacity} is smaller than a fragment of this task "
+                              f"({longest} tokens): raise model.memory_capacity or lower task.max_context_tokens")
+    return spec, method, task, forgetting, groups
 
 
 def phase_totals(records: list[dict]) -> dict[str, float]:
@@ -85,12 +89,11 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    spec, method, task, forgetting = preflight(cfg)
+    spec, method, task, forgetting, groups = preflight(cfg)
+    folder = ResultFolder(run_dir, cfg, resume=cfg.resume)
     model, tokenizer = load(spec)
-    groups = shards.select(task.groups(tokenizer), shards.parse(cfg.shard))
     backend = BACKENDS[cfg.backend](model)
     verdict = selfcheck.verify(backend, tokenizer, spec)
-    folder = ResultFolder(run_dir, cfg, resume=cfg.resume)
     label = cfg.method.label
     formed = formed_fragments(spec)
     if folder.done:

@@ -1,0 +1,175 @@
+"""Typed schemas of every config group, registered in Hydra's ConfigStore.
+
+The YAML files stay what users read; each extends its schema (`defaults: [<schema>, _self_]`,
+the schema stored in the same group), and the top-level config extends `RunSchema`, which
+types the model too. So Hydra refuses a wrong type, an unknown choice or an unknown key on
+the command line with the key, the value and what is allowed, before any code of ours runs.
+Ranges (k >= 1, a layer within the model) are checked by the plugins, before any weights load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, SI
+
+
+class Backend(StrEnum):
+    fast = "fast"
+    hidden_prefix = "hidden_prefix"
+
+
+class Formation(StrEnum):
+    shared_sink = "shared_sink"
+    reference = "reference"
+
+
+class Prompt(StrEnum):
+    chat = "chat"
+    plain = "plain"
+
+
+class QueryMode(StrEnum):
+    last = "last"
+    mean = "mean"
+
+
+class Dtype(StrEnum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class Dataset(StrEnum):
+    synthetic = "synthetic"
+    nqa = "nqa"
+    squad = "squad"
+
+
+class WandbMode(StrEnum):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+@dataclass
+class ModelSchema:
+    name: str = MISSING
+    source: str = MISSING
+    gguf_file: Optional[str] = None
+    dtype: Dtype = Dtype.float32
+    device: str = "auto"
+    device_map: Optional[str] = None
+    tracer_layer: Optional[int] = None
+    query_mode: Optional[QueryMode] = None
+    prompt: Prompt = Prompt.chat
+    trust_remote_code: bool = False
+    memory_capacity: Optional[int] = None
+
+
+@dataclass
+class MethodSchema:
+    _target_: str = MISSING
+    label: str = MISSING
+
+
+@dataclass
+class MemDefragSchema(MethodSchema):
+    k: Any = 2                              # an integer >= 1 or 'all': checked by MemDefrag
+    tracer_layer: Optional[int] = None
+    query_mode: Optional[QueryMode] = None
+
+
+@dataclass
+class TaskSchema:
+    _target_: str = MISSING
+    dataset: Dataset = Dataset.synthetic
+    data_dir: Optional[str] = None
+    groups: int = 20
+    seed: int = 42
+    max_context_tokens: int = 512
+
+
+@dataclass
+class RetentionSchema(TaskSchema):
+    updates: int = 20
+    eval_steps: Optional[List[int]] = None
+    shuffle: bool = True
+
+
+@dataclass
+class ProbeSchema(TaskSchema):
+    fragments: int = 20
+    positions: Optional[List[int]] = None
+    one_position_per_group: bool = False
+    layers: Any = "all"                     # 'all', 'band' or a list of layers: checked by Probe
+
+
+@dataclass
+class DistortionSchema(TaskSchema):
+    updates: int = 20
+
+
+@dataclass
+class ForgettingSchema:
+    _target_: str = MISSING
+    label: str = MISSING
+
+
+@dataclass
+class CapacitySchema(ForgettingSchema):
+    capacity: Optional[int] = None
+    seed: int = 0
+
+
+@dataclass
+class NullLoggerSchema:
+    _target_: str = MISSING
+
+
+@dataclass
+class WandbSchema(NullLoggerSchema):
+    mode: WandbMode = WandbMode.offline
+    project: str = "memdefrag"
+    group: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class RunSchema:
+    model: ModelSchema = MISSING
+    method: Any = MISSING
+    task: Any = MISSING
+    forgetting: Any = MISSING
+    logger: Any = MISSING
+    backend: Backend = Backend.fast
+    formation: Formation = Formation.shared_sink
+    prompt: Prompt = SI("${model.prompt}")
+    max_new_tokens: int = 32
+    threads: Optional[int] = None
+    seed: int = 0
+    shard: Optional[str] = None
+    resume: bool = True
+
+
+SCHEMAS = {
+    (None, "run_schema"): RunSchema,
+    ("method", "method_schema"): MethodSchema,
+    ("method", "memdefrag_schema"): MemDefragSchema,
+    ("task", "retention_schema"): RetentionSchema,
+    ("task", "probe_schema"): ProbeSchema,
+    ("task", "distortion_schema"): DistortionSchema,
+    ("forgetting", "forgetting_schema"): ForgettingSchema,
+    ("forgetting", "capacity_schema"): CapacitySchema,
+    ("logger", "null_logger_schema"): NullLoggerSchema,
+    ("logger", "wandb_schema"): WandbSchema,
+}
+
+
+def register() -> None:
+    store = ConfigStore.instance()
+    for (group, name), node in SCHEMAS.items():
+        store.store(group=group, name=name, node=node)

@@ -1,0 +1,89 @@
+"""Every job a command line asks for, composed as Hydra will and checked before the first one starts.
+
+Hydra reports a bad override over several lines, and a multirun finds a bad job only when it
+reaches it, after running the ones before. Here the command line (with an experiment's sweep
+parameters) is expanded into its jobs; each is composed against the typed schemas and put through
+the runner's preflight, so bad input anywhere ends the command with one line, before any job runs
+or any weights load.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hydra import compose, initialize_config_module
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from harness.errors import ConfigError
+from harness.runner import preflight
+
+RUN_FLAGS = ("-m", "--multirun")          # any other Hydra flag (--help, --cfg, ...) asks for no run
+
+
+def one_line(err: Exception) -> ConfigError:
+    """A composition error as one line: the key, the value and what is allowed."""
+    while err.__cause__ is not None and isinstance(err, HydraException):
+        err = err.__cause__
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    key = getattr(err, "full_key", None)
+    if isinstance(err, OmegaConfBaseException) and key:
+        return ConfigError(f"{key}: {text}")
+    return ConfigError(text)
+
+
+def composed(config_name: str, overrides: list[str], hydra: bool = False):
+    try:
+        return compose(config_name, overrides=overrides, return_hydra_config=hydra)
+    except (HydraException, OmegaConfBaseException, ValueError) as err:
+        raise one_line(err) from None
+
+
+def writable_folder(path: str) -> None:
+    """The output folder can be made: its nearest existing ancestor is a folder we may write."""
+    ancestor = Path(path).absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"output folder {path!r} cannot be created: {ancestor} is not a folder this user may write")
+
+
+def job_overrides(config_name: str, args: list[str]) -> list[list[str]]:
+    """The overrides of every job `args` ask for: one for a run, one per point of a multirun."""
+    overrides = [a for a in args if a not in RUN_FLAGS]
+    parser = OverridesParser.create()
+    try:
+        parsed = parser.parse_overrides(overrides)
+    except HydraException as err:
+        raise one_line(err) from None
+    base = composed(config_name, [o.input_line for o in parsed if not o.is_sweep_override()], hydra=True)
+    multirun = any(a in RUN_FLAGS for a in args) or base.hydra.mode == RunMode.MULTIRUN
+    writable_folder(base.hydra.sweep.dir if multirun else base.hydra.run.dir)
+    if not multirun:
+        return [overrides]
+    given = {o.key_or_group for o in parsed}
+    params = base.hydra.sweeper.params
+    params = OmegaConf.to_container(params) if params else {}
+    lines = [f"{key}={value}" for key, value in params.items() if key not in given] + overrides
+    batches = BasicSweeper.split_arguments(parser.parse_overrides(lines), None)
+    return [job for batch in batches for job in batch]
+
+
+def check_jobs(config_name: str, args: list[str]) -> int:
+    """Compose and preflight every job of the command line; returns how many there are."""
+    if any(a.startswith("-") and a not in RUN_FLAGS for a in args):
+        return 0
+    with initialize_config_module("conf", version_base="1.3"):
+        jobs = job_overrides(config_name, args)
+        for job in jobs:
+            cfg = composed(config_name, job)
+            try:
+                preflight(cfg)
+            except ConfigError as err:
+                raise ConfigError(f"{err} (job {' '.join(job)})" if len(jobs) > 1 else str(err)) from None
+    return len(jobs)
