@@ -140,3 +140,14 @@ def test_resuming_into_a_folder_of_another_run_is_refused_before_weights_load(tm
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
     line = refused(["task.groups=4", "logger=none", f"hydra.run.dir={folder}"], monkeypatch, capsys)
     assert f"{folder} holds a run with other settings (task)" in line
+
+
+def test_a_checkpoint_that_ships_code_is_refused_unless_trusted(tmp_path, monkeypatch, capsys, no_work):
+    folder = tmp_path / "remote"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "memdefrag_custom", "auto_map": {"AutoConfig": '
+                                        '"configuration_custom.CustomConfig"}}')
+    (folder / "configuration_custom.py").write_text("raise SystemExit('the checkpoint code ran')\n")
+    line = refused(["model=hf", f"model.source={folder}", "method=vanilla", "logger=none",
+                    f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch, capsys)
+    assert f"model.source='{folder}' runs code of its own: set model.trust_remote_code=true" in line
