@@ -146,14 +146,14 @@ def distortion_section(root, runs) -> Section:
 
 
 def runtime_section(runs) -> tuple[Section, Section]:
-    finished = [r for r in runs if r.task == "Retention" and r.info]
+    finished = [r for r in runs if r.task == "Retention" and r.info and r.model == DEFAULT_MODEL]
     rows = [{"dataset": r.config["task"]["dataset"], "updates": r.config["task"].get("updates"),
              "method": label, "threads": r.info.get("threads"),
              "seconds_per_group": r.info.get("seconds", {}).get("per_group"),
              **{k: v for k, v in r.info.get("peak_memory", {}).items()}}
             for r, label in zip(finished, run_labels([r.config for r in finished]))]
-    runtime = Section("tab:runtime", "Time per group (s; CPU, threads as stated)")
-    memory = Section("tab:gpu-memory", "Peak memory (MB): process RSS on CPU, CUDA allocator on GPU")
+    runtime = Section("tab:runtime", f"Time per group (s; {DEFAULT_MODEL}, CPU, threads as stated)")
+    memory = Section("tab:gpu-memory", f"Peak memory (MB; {DEFAULT_MODEL}): process RSS on CPU, CUDA allocator on GPU")
     if not rows:
         runtime.missing = memory.missing = "no finished runs yet"
         return runtime, memory

@@ -13,7 +13,7 @@ from harness.report import write
 def fake_run(folder, task, method, records, forgetting="unbounded", info=None):
     folder.mkdir(parents=True)
     config = {"task": {"_target_": f"evals.x.{task}", "dataset": "nqa", "updates": 50},
-              "method": {"label": method}, "forgetting": {"label": forgetting}, "model": {"name": "m"},
+              "method": {"label": method}, "forgetting": {"label": forgetting}, "model": {"name": "smollm2"},
               "prompt": "chat", "formation": "shared_sink"}
     (folder / "config.yaml").write_text(OmegaConf.to_yaml(config))
     (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -42,8 +42,8 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert re.search(r"\| nqa +\| 20 +\| +2.25 \|", readme.split("tab:forgetting_rank")[1])
     assert re.search(r"\| nqa +\| 10 +\| +3.5 \|", readme.split("tab:forgetting_seconds")[1])
     assert "in_band" in readme and "(p/b/tracing.md)" in readme and (tmp_path / "p" / "b" / "tracing.md").is_file()
-    assert "m latent chat shared_sink, 1 groups, target at all 2 positions (p/b)" in readme
-    assert "m text chat shared_sink, 2 groups, target at positions 1/2, one per group (p/t)" in readme and "12.5" in readme and "900" in readme
+    assert "smollm2 latent chat shared_sink, 1 groups, target at all 2 positions (p/b)" in readme
+    assert "smollm2 text chat shared_sink, 2 groups, target at positions 1/2, one per group (p/t)" in readme and "12.5" in readme and "900" in readme
     assert "_LongBench: the task is not built yet_" in readme
     distortion = readme.split("fig:distortion")[1]
     assert "### nqa, vanilla memory (2 groups, `d/c`)" in distortion and "| accuracy      | 100 |  50 |   0 |" in distortion
