@@ -7,6 +7,7 @@ from evals.datasets import QAItem
 from evals.probe import Probe, tracing_table
 from evals.retention import Group
 from methods.kv_prefix import KVPrefixBackend
+from methods.positions import Rotary
 from methods.session import Session
 from methods.text import TextMemory
 from methods.vanilla import Vanilla
@@ -23,6 +24,7 @@ def probe_session(model, tokenizer, method=None):
 def test_every_position_from_one_forward_each(llama, tokenizer, method, formed, memory_forwards):
     """Latent memory is formed once; text memory runs its changed tail (methods.text_prefix) before the prompt."""
     session = probe_session(llama, tokenizer, method)
+    Rotary.of(llama)                                   # its one probe forward, learned once per model
     calls, records, seen = [], [], []
     handle = llama.model.layers[0].register_forward_pre_hook(lambda *a: calls.append(1))
     try:
