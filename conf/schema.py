@@ -17,42 +17,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, SI
 
 
-class Backend(StrEnum):
-    fast = "fast"
-    hidden_prefix = "hidden_prefix"
-
-
-class Formation(StrEnum):
-    shared_sink = "shared_sink"
-    reference = "reference"
-
-
-class Prompt(StrEnum):
-    chat = "chat"
-    plain = "plain"
-
-
-class QueryMode(StrEnum):
-    last = "last"
-    mean = "mean"
-
-
-class Dtype(StrEnum):
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-
-
-class Dataset(StrEnum):
-    synthetic = "synthetic"
-    nqa = "nqa"
-    squad = "squad"
-
-
-class WandbMode(StrEnum):
-    offline = "offline"
-    online = "online"
-    disabled = "disabled"
+Backend = StrEnum("Backend", ["fast", "hidden_prefix"])
+Formation = StrEnum("Formation", ["shared_sink", "reference"])
+Prompt = StrEnum("Prompt", ["chat", "plain"])
+QueryMode = StrEnum("QueryMode", ["last", "mean"])
+Dtype = StrEnum("Dtype", ["float32", "bfloat16", "float16"])
+Dataset = StrEnum("Dataset", ["synthetic", "nqa", "squad"])
+WandbMode = StrEnum("WandbMode", ["offline", "online", "disabled"])
 
 
 @dataclass
