@@ -119,8 +119,9 @@ def converted_folder(gguf: Path) -> Path:
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
     """De-quantize a GGUF file once into a normal checkpoint folder (written whole, then renamed)."""
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                 trust_remote_code=False)      # a GGUF file holds no code
     model.hf_quantizer = None                       # weights are dense after loading
     model.config.quantization_config = None
     if hasattr(model.config, "quantization_config"):
