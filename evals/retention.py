@@ -44,7 +44,8 @@ class Retention:
         if groups < 1 or updates < 1:
             raise ConfigError(f"task.groups={groups} and task.updates={updates} must both be >= 1")
         if eval_steps is not None and not eval_steps:
-            raise ConfigError("task.eval_steps=[] asks at no step: list steps in 1..task.updates, or null for every step")
+            raise ConfigError("task.eval_steps=[] asks at no step: list steps in 1..task.updates, "
+                              "or null for every step")
         steps = sorted(set(eval_steps)) if eval_steps else list(range(1, updates + 1))
         if steps[0] < 1 or steps[-1] > updates:
             raise ConfigError(f"task.eval_steps={list(eval_steps)} must lie in 1..task.updates={updates}")

@@ -217,7 +217,8 @@ def _consistent(fragments: list[Fragment]) -> None:
             raise ValueError(f"some fragments have {name} and some do not")
         sizes = {tuple(t.shape[d] for d in shared) + (t.dtype,) for t in present}
         if len(sizes) > 1:
-            raise ValueError(f"{name} differ across fragments in layers, heads, width or dtype: {sorted(map(str, sizes))}")
+            raise ValueError(f"{name} differ across fragments in layers, heads, width or dtype: "
+                             f"{sorted(map(str, sizes))}")
     layered = {f.token_ids.shape[0] for f in fragments if f.token_ids.dim() == 2}
     stored = {f.num_layers for f in fragments} - {None}
     if layered and (len(layered) > 1 or (stored and layered != stored)):

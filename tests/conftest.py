@@ -32,7 +32,7 @@ FAMILIES = {
     "gemma": lambda: GemmaConfig(**COMMON),
     "gemma2": lambda: Gemma2Config(**COMMON, sliding_window=12, query_pre_attn_scalar=16,
                                    attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
-    "gemma3": lambda: Gemma3TextConfig(**COMMON, sliding_window=12, query_pre_attn_scalar=16,   # own RoPE per layer type
+    "gemma3": lambda: Gemma3TextConfig(**COMMON, sliding_window=12, query_pre_attn_scalar=16,  # RoPE per layer type
                                        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                                        rope_parameters=GEMMA3_ROPE),
     "qwen3": lambda: Qwen3Config(**COMMON),                      # QK-norm

@@ -60,7 +60,8 @@ CASES = [
     (["method.k=0"], "method.k=0 is not allowed: use an integer >= 1 or 'all'"),
     (["method.k=-1"], "method.k=-1 is not allowed"),
     (["method.k=some"], "method.k='some' is not allowed"),
-    (["method.tracer_layer=30"], "method.tracer_layer=30 is out of range: this model has 30 decoder layers, allowed 0..29"),
+    (["method.tracer_layer=30"], "method.tracer_layer=30 is out of range: this model has 30 decoder layers, "
+     "allowed 0..29"),
     (["method.tracer_layer=-1"], "method.tracer_layer=-1 is out of range"),
     (["model.tracer_layer=null"], "method.tracer_layer and method.query_mode must be set"),
     (["threads=0"], "threads=0 must be >= 1"),

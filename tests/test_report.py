@@ -43,7 +43,8 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert re.search(r"\| nqa +\| 10 +\| +3.5 \|", readme.split("tab:forgetting_seconds")[1])
     assert "in_band" in readme and "(p/b/tracing.md)" in readme and (tmp_path / "p" / "b" / "tracing.md").is_file()
     assert "smollm2 latent chat shared_sink, 1 groups, target at all 2 positions (p/b)" in readme
-    assert "smollm2 text chat shared_sink, 2 groups, target at positions 1/2, one per group (p/t)" in readme and "12.5" in readme and "900" in readme
+    assert "smollm2 text chat shared_sink, 2 groups, target at positions 1/2, one per group (p/t)" in readme
+    assert "12.5" in readme and "900" in readme
     assert "_LongBench: the task is not built yet_" in readme
     distortion = readme.split("fig:distortion")[1]
     assert "### nqa, vanilla memory (2 groups, `d/c`)" in distortion and "| accuracy      | 100 |  50 |   0 |" in distortion
