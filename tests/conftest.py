@@ -10,7 +10,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")    # before transformers reads it: 
 
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, CohereConfig, Gemma2Config, Gemma3TextConfig, GemmaConfig,
+from transformers import (AutoModelForCausalLM, CohereConfig, Gemma2Config, Gemma3TextConfig, Gemma4TextConfig,
+                          GemmaConfig,
                           GraniteConfig, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config, Phi3Config,
                           Qwen2Config, Qwen3Config, Qwen3MoeConfig, StableLmConfig)
 
@@ -35,6 +36,8 @@ FAMILIES = {
     "gemma3": lambda: Gemma3TextConfig(**COMMON, sliding_window=12, query_pre_attn_scalar=16,  # RoPE per layer type
                                        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                                        rope_parameters=GEMMA3_ROPE),
+    "gemma4": lambda: Gemma4TextConfig(**COMMON, sliding_window=12, global_head_dim=16,   # RoPE per tensor,
+                                       layer_types=["sliding_attention", "full_attention", "full_attention"]),  # heads 2nd
     "qwen3": lambda: Qwen3Config(**COMMON),                      # QK-norm
     "qwen3_moe": lambda: Qwen3MoeConfig(**COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
     "phi3": lambda: Phi3Config(**COMMON, partial_rotary_factor=0.5),         # fused qkv, partial rotary inside RoPE

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config
+from transformers import AutoModelForCausalLM, Gemma4TextConfig, GPT2Config
 
 from harness import selfcheck
 from harness.errors import ConfigError
@@ -14,7 +14,7 @@ from harness.models import ModelSpec
 from harness.runner import preflight
 from methods.kv_prefix import KVPrefixBackend
 from methods.positions import Rotary
-from tests.conftest import tiny_model, tiny_run_config
+from tests.conftest import COMMON, tiny_model, tiny_run_config
 
 
 @pytest.fixture(autouse=True)
@@ -37,6 +37,17 @@ def test_a_wrong_rotary_table_stops_the_run_with_one_clear_error(tokenizer):
         selfcheck.verify(KVPrefixBackend(model), tokenizer, ModelSpec("tiny", "tiny"))
     message = str(caught.value)
     assert "\n" not in message and "model type 'gemma3_text'" in message and "backend=hidden_prefix" in message
+
+
+@pytest.mark.parametrize("config, why", [
+    (dict(global_head_dim=32), r"keys differ in \(heads, width\)"),                 # wider global layers
+    (dict(global_head_dim=16, num_hidden_layers=4, num_kv_shared_layers=2,       # layers reuse others' keys
+          layer_types=["sliding_attention", "full_attention"] * 2), "could not be traced"),
+])
+def test_what_the_store_cannot_hold_is_refused_at_load(tokenizer, config, why):
+    model = AutoModelForCausalLM.from_config(Gemma4TextConfig(**{**COMMON, **config}, sliding_window=12)).eval()
+    with pytest.raises(ConfigError, match=f"{why}.*use backend=hidden_prefix"):
+        selfcheck.verify(KVPrefixBackend(model), tokenizer, ModelSpec("tiny", "tiny"))
 
 
 def test_the_verdict_is_cached_per_model_and_dtype(llama, tokenizer, monkeypatch):
