@@ -159,6 +159,7 @@ def check_source(spec: ModelSpec):
     """(model config, tokenizer), or one clear error naming the model, before any weights load or convert."""
     if spec.dtype not in DTYPES:
         raise ConfigError(f"model.dtype={spec.dtype!r} is not one of {sorted(DTYPES)}")
+    check_device(spec.device)
     try:
         return _config_and_tokenizer(*_where(spec)[:2], spec.trust_remote_code)
     except (OSError, ValueError, KeyError) as err:
@@ -170,6 +171,18 @@ def _config_and_tokenizer(source: str, gguf_file: str | None, trust_remote_code:
     """Read once per process: a sweep's jobs are all checked before the first starts."""
     kwargs = {"gguf_file": gguf_file, "trust_remote_code": trust_remote_code}
     return AutoConfig.from_pretrained(source, **kwargs), AutoTokenizer.from_pretrained(source, **kwargs)
+
+
+def check_device(device: str) -> None:
+    """`auto`, or a torch device that this machine has."""
+    if device == "auto":
+        return
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ConfigError(f"model.device={device!r} is not a device: use auto, cpu, cuda or cuda:<index>") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"model.device={device!r}: this machine has no CUDA device (use auto or cpu)")
 
 
 def pick_device(device: str) -> str:

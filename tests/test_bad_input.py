@@ -4,6 +4,7 @@ before any job runs or any model weights load (table-driven, through the real co
 import sys
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
@@ -81,6 +82,7 @@ CASES = [
     (["shard=3/2"], "shard"),
     (["shard=x"], "shard"),
     ([NQA_MISSING, "task.data_dir=/nowhere"], "task.data_dir='/nowhere' has no folder nqa/"),
+    (["model.device=gpu"], "model.device='gpu' is not a device: use auto, cpu, cuda or cuda:<index>"),
     (["model.source=/no/such/model"], "model.source='/no/such/model' cannot be loaded"),
     (["model=hf", "model.source=nobody/not-a-model-xyz"], "model.source='nobody/not-a-model-xyz' cannot be loaded"),
     (["model=gemma3_270m", "prompt=chat"], "prompt='chat' needs a tokenizer with a chat template"),
@@ -152,3 +154,9 @@ def test_a_checkpoint_that_ships_code_is_refused_unless_trusted(tmp_path, monkey
     line = refused(["model=hf", f"model.source={folder}", "method=vanilla", "logger=none",
                     f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch, capsys)
     assert f"model.source='{folder}' runs code of its own: set model.trust_remote_code=true" in line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_a_cuda_device_is_refused_where_there_is_none(tmp_path, monkeypatch, capsys, no_work):
+    line = refused(["model.device=cuda", "logger=none", f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch, capsys)
+    assert "model.device='cuda': this machine has no CUDA device" in line
