@@ -122,7 +122,7 @@ class Rotary:
         self.key_of, self.key_slot, self.table_of, self.rot_dims = self._learn()
         parameters = inspect.signature(self.apply).parameters
         self.n_tensors = list(parameters).index("cos")
-        self.heads_axis = {"unsqueeze_dim": 1} if "unsqueeze_dim" in parameters else {}
+        self.heads_second = {"unsqueeze_dim": 1} if "unsqueeze_dim" in parameters else {}   # stored: [L, heads, T, d]
 
     @classmethod
     def of(cls, model) -> "Rotary":
@@ -189,10 +189,10 @@ class Rotary:
     def _rotate(self, keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """keys [L, kv, T, rot] given positions by the model's own function, heads on axis 1."""
         if self.n_tensors == 1:
-            return self.apply(keys, cos, sin, **self.heads_axis)
+            return self.apply(keys, cos, sin, **self.heads_second)
         tensors = [keys[:1, :1]] * self.n_tensors                    # cheap stand-ins for the query
         tensors[self.key_slot] = keys
-        return self.apply(*tensors, cos, sin, **self.heads_axis)[self.key_slot]
+        return self.apply(*tensors, cos, sin, **self.heads_second)[self.key_slot]
 
     def place(self, out: torch.Tensor, keys: torch.Tensor, tables, start: int) -> None:
         """Write keys [L, kv, T, d] (layers 0..L-1) into out [L, kv, T, d] at positions start..start+T-1."""
