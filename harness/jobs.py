@@ -74,10 +74,10 @@ def job_overrides(config_name: str, args: list[str]) -> list[list[str]]:
     return [job for batch in batches for job in batch]
 
 
-def check_jobs(config_name: str, args: list[str]) -> int:
-    """Compose and preflight every job of the command line; returns how many there are."""
+def check_jobs(config_name: str, args: list[str]) -> None:
+    """Compose and preflight every job of the command line (none for an informational flag such as --help)."""
     if any(a.startswith("-") and a not in RUN_FLAGS for a in args):
-        return 0
+        return
     with initialize_config_module("conf", version_base="1.3"):
         jobs = job_overrides(config_name, args)
         for job in jobs:
@@ -86,4 +86,3 @@ def check_jobs(config_name: str, args: list[str]) -> int:
                 preflight(cfg)
             except ConfigError as err:
                 raise ConfigError(f"{err} (job {' '.join(job)})" if len(jobs) > 1 else str(err)) from None
-    return len(jobs)

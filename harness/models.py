@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from harness.errors import ConfigError
@@ -41,6 +42,11 @@ class ModelSpec:
     memory_capacity: int | None = None
     prompt: str = "chat"
     trust_remote_code: bool = False
+
+    @classmethod
+    def of(cls, node) -> "ModelSpec":
+        """The spec a composed `model` config node describes (its choices as plain strings)."""
+        return cls(**OmegaConf.to_container(node, resolve=True, enum_to_str=True))
 
 
 def cache_dir() -> Path:
@@ -204,8 +210,7 @@ def load(spec: ModelSpec):
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs).eval()
     if not spec.device_map:
         model.to(pick_device(spec.device))
-    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file, trust_remote_code=spec.trust_remote_code)
-    return model, tokenizer
+    return model, _config_and_tokenizer(source, gguf_file, spec.trust_remote_code)[1]
 
 
 def num_layers(config) -> int:

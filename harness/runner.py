@@ -42,12 +42,12 @@ def preflight(cfg: DictConfig):
         while cause is not None and not isinstance(cause, ConfigError):
             cause = cause.__cause__ or cause.__context__
         raise (cause or ConfigError(f"{err.full_key}: {str(err).splitlines()[0]}")) from None
-    shards.parse(cfg.shard)
+    shard = shards.parse(cfg.shard)
     if cfg.max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} must be >= 1")
     if cfg.threads is not None and cfg.threads < 1:
         raise ConfigError(f"threads={cfg.threads} must be >= 1, or null for torch's default")
-    spec = ModelSpec(**OmegaConf.to_container(cfg.model, resolve=True, enum_to_str=True))
+    spec = ModelSpec.of(cfg.model)
     model_config, tokenizer = check_source(spec)
     try:
         format_prompt(tokenizer, "?", cfg.prompt)
@@ -65,7 +65,7 @@ def preflight(cfg: DictConfig):
     if forgetting.layerwise and not method.needs_latent:
         raise ConfigError(f"forgetting={cfg.forgetting.label} drops different tokens at every layer; "
                           f"method={cfg.method.label} has no layers (use a latent method or forgetting=random)")
-    groups = shards.select(task.groups(tokenizer), shards.parse(cfg.shard))
+    groups = shards.select(task.groups(tokenizer), shard)
     if forgetting.capacity is not None:
         texts = {text for group in groups for text in group.texts()}
         longest = max(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts)

@@ -22,9 +22,9 @@ from harness.models import ModelSpec, cache_dir
 from methods.formation import Former
 from methods.hidden_prefix import HiddenPrefixBackend
 from methods.kv_prefix import KVPrefixBackend
+from methods.generation import greedy, stop_ids
 from methods.memory import LatentMemory
 from methods.positions import RotaryError
-from methods.generation import greedy, stop_ids
 from methods.session import format_prompt
 from methods.tracing import densities
 
@@ -55,10 +55,10 @@ def compare(model, tokenizer, texts=FRAGMENTS, order=(1, 0), question=QUESTION, 
         former.store(memory, text)
     view, prompt_ids = memory.arranged(list(order)), format_prompt(tokenizer, question, prompt)
     backends = KVPrefixBackend(model), HiddenPrefixBackend(model)
-    (fast_logits, *fast_rest), (reference_logits, *reference_rest) = (b.prefill(view, prompt_ids) for b in backends)
+    prefilled = [b.prefill(view, prompt_ids) for b in backends]                 # (logits, cache, position)
+    fast_logits, reference_logits = (logits for logits, _, _ in prefilled)
     stop = stop_ids(model, tokenizer)
-    answers = [greedy(model, logits, *rest, answer_tokens, stop) for logits, rest in
-               ((fast_logits, fast_rest), (reference_logits, reference_rest))]
+    answers = [greedy(model, *state, answer_tokens, stop) for state in prefilled]
     layers = list(range(model.config.get_text_config().num_hidden_layers))
     fast_rows, reference_rows = (b.attention_rows(view, prompt_ids, layers) for b in backends)
     density_diff, density_scale = 0.0, 0.0
@@ -134,10 +134,10 @@ def main(argv: list[str] | None = None) -> None:
 
     from harness.models import load
     with initialize_config_module("conf", version_base="1.3"):
-        spec = ModelSpec(**compose("config", overrides=[f"model={args.model}"]).model)
+        spec = ModelSpec.of(compose("config", overrides=[f"model={args.model}"]).model)
     model, tokenizer = load(spec)
     group = Retention(args.dataset, args.data_dir, groups=1, updates=args.fragments).groups(tokenizer)[0]
-    texts = [group.target.context, *group.distractors]
+    texts = group.texts()
     n = len(texts)
     rows = []
     for view, order in (("vanilla", range(n)), ("reordered Top-2", (n - 1, 0))):

@@ -40,6 +40,12 @@ def modeling_module(model):
     return sys.modules[type(decoder_of(model).layers[0].self_attn).__module__]
 
 
+def rotated_parameters(function) -> list[str]:
+    """The rotary function's parameters it rotates and returns in order: those before `cos`."""
+    names = list(inspect.signature(function).parameters)
+    return names[: names.index("cos")]
+
+
 def has_rotary_function(model_class) -> bool:
     """Whether a model class's family applies rotary positions through the function we watch."""
     return hasattr(sys.modules[model_class.__module__], ROTARY_FUNCTION)
@@ -58,6 +64,15 @@ class Rotated:
     heads_axis: int
 
 
+def by_layer(rotated: list[Rotated], n_layers: int) -> list[list[Rotated]]:
+    """What was rotated inside each layer's attention, in call order (anything outside one is left out)."""
+    grouped: list[list[Rotated]] = [[] for _ in range(n_layers)]
+    for r in rotated:
+        if 0 <= r.layer < n_layers:
+            grouped[r.layer].append(r)
+    return grouped
+
+
 @contextmanager
 def watching_rotary(model):
     """Record every tensor the model's rotary function rotates during a forward, with its layer.
@@ -68,8 +83,7 @@ def watching_rotary(model):
     original = getattr(module, ROTARY_FUNCTION, None)
     if original is None:
         raise RotaryError(f"model type {model.config.model_type!r} has no rotary positions")
-    signature = inspect.signature(original)
-    n_tensors = list(signature.parameters).index("cos")
+    signature, tensors = inspect.signature(original), rotated_parameters(original)
     seen: list[Rotated] = []
     layer = [-1]
 
@@ -79,7 +93,7 @@ def watching_rotary(model):
         given.apply_defaults()
         arguments = given.arguments
         results = result if isinstance(result, tuple) else (result,)
-        for slot, name in enumerate(list(signature.parameters)[:n_tensors]):
+        for slot, name in enumerate(tensors):
             seen.append(Rotated(layer[0], slot, arguments[name].detach(), results[slot].detach(),
                                 arguments["cos"].detach(), arguments["sin"].detach(),
                                 arguments.get("unsqueeze_dim", 1)))
@@ -120,9 +134,9 @@ class Rotary:
         self.model, self.apply = model, getattr(modeling_module(model), ROTARY_FUNCTION, None)
         self.candidates = _candidates(model)
         self.key_of, self.key_slot, self.table_of, self.rot_dims = self._learn()
-        parameters = inspect.signature(self.apply).parameters
-        self.n_tensors = list(parameters).index("cos")
-        self.heads_second = {"unsqueeze_dim": 1} if "unsqueeze_dim" in parameters else {}   # stored: [L, heads, T, d]
+        self.n_tensors = len(rotated_parameters(self.apply))
+        has_axis = "unsqueeze_dim" in inspect.signature(self.apply).parameters
+        self.heads_second = {"unsqueeze_dim": 1} if has_axis else {}   # stored: [L, heads, T, d]
 
     @classmethod
     def of(cls, model) -> "Rotary":
@@ -146,9 +160,8 @@ class Rotary:
         positions = torch.arange(PROBE_TOKENS, device=self.model.device).view(1, -1)
         tables = [c(seen[0].cos.new_zeros(1), positions) for c in self.candidates] if seen else []
         key_of, slots, table_of, rot_dims = [], set(), [], []
-        for layer in range(n_layers):
+        for layer, mine in enumerate(by_layer(seen, n_layers)):
             stored = cache.layers[layer].keys[0] if layer < len(cache.layers) else None
-            mine = [r for r in seen if r.layer == layer]
             keys = [i for i, r in enumerate(mine) if stored is not None and r.heads_axis in (1, 2)
                     and self.heads_first(r.result, r.heads_axis).shape[:2] == stored.shape[:2]
                     and torch.equal(stored[..., : r.result.shape[-1]], self.heads_first(r.result, r.heads_axis))]
@@ -174,8 +187,8 @@ class Rotary:
         """Every layer's position-free key [kv_heads, T, head_dim] from a watched forward: what the
         rotary function was given, then the rest of the head as cached (never rotated)."""
         keys = []
-        for layer, cached in enumerate(cache.layers):
-            key = [r for r in seen if r.layer == layer][self.key_of[layer]]
+        for layer, (mine, cached) in enumerate(zip(by_layer(seen, len(cache.layers)), cache.layers)):
+            key = mine[self.key_of[layer]]
             rot = self.heads_first(key.given, key.heads_axis)
             rest = cached.keys[0, :, :, rot.shape[-1]:]
             keys.append(torch.cat([rot, rest], dim=-1) if rest.shape[-1] else rot.contiguous())

@@ -14,11 +14,11 @@ pytestmark = pytest.mark.slow
 def test_gemma3_270m_loads_with_a_plain_prompt_and_the_fast_backend_is_exact(tmp_path, monkeypatch):
     cfg = composed("model=gemma3_270m")
     assert cfg.prompt == "plain" and cfg.method.tracer_layer is not None
-    model, tokenizer = load(ModelSpec(**cfg.model))
+    model, tokenizer = load(ModelSpec.of(cfg.model))
     rotary = Rotary.of(model)
     global_layers = [i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention"]
     assert {rotary.table_of[i] for i in global_layers}.isdisjoint(rotary.table_of[i] for i in range(18)
                                                                    if i not in global_layers)
     monkeypatch.setenv("MEMDEFRAG_CACHE", str(tmp_path))      # a fresh verdict, not the cached one
-    verdict = selfcheck.verify(KVPrefixBackend(model), tokenizer, ModelSpec(**cfg.model))
+    verdict = selfcheck.verify(KVPrefixBackend(model), tokenizer, ModelSpec.of(cfg.model))
     assert verdict["exact"] and verdict["logits_max_diff"] < 1e-3
