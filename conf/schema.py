@@ -23,6 +23,10 @@ Prompt = StrEnum("Prompt", ["chat", "plain"])
 QueryMode = StrEnum("QueryMode", ["last", "mean"])
 Dtype = StrEnum("Dtype", ["float32", "bfloat16", "float16"])
 Dataset = StrEnum("Dataset", ["synthetic", "nqa", "squad"])
+LongBenchDataset = StrEnum("LongBenchDataset", ["synthetic", "longbench"])
+Overflow = StrEnum("Overflow", ["skip", "truncate"])
+Chunking = StrEnum("Chunking", ["passages", "sentences", "fixed"])
+LongBenchPrompt = StrEnum("LongBenchPrompt", ["plain", "longbench", "chat"])
 WandbMode = StrEnum("WandbMode", ["offline", "online", "disabled"])
 
 
@@ -85,6 +89,26 @@ class DistortionSchema(TaskSchema):
 
 
 @dataclass
+class LongBenchSchema:
+    _target_: str = MISSING
+    dataset: LongBenchDataset = LongBenchDataset.synthetic
+    data_dir: Optional[str] = None
+    hub_id: Optional[str] = None
+    subsets: Optional[List[str]] = None     # names checked by LongBench against the dataset's
+    groups: Optional[int] = None
+    max_tokens: int = 16_384
+    overflow: Overflow = Overflow.skip
+    chunking: Optional[Chunking] = None
+    chunk_tokens: int = 256
+    prompt: LongBenchPrompt = LongBenchPrompt.plain
+    max_new_tokens: Optional[int] = None
+    seed: int = 42
+    bertscore_model: str = "minilm"
+    bertscore_layers: Optional[int] = None
+    bertscore_rescale: bool = False
+
+
+@dataclass
 class ForgettingSchema:
     _target_: str = MISSING
     label: str = MISSING
@@ -133,6 +157,7 @@ SCHEMAS = {
     ("task", "retention_schema"): RetentionSchema,
     ("task", "probe_schema"): ProbeSchema,
     ("task", "distortion_schema"): DistortionSchema,
+    ("task", "longbench_schema"): LongBenchSchema,
     ("forgetting", "forgetting_schema"): ForgettingSchema,
     ("forgetting", "capacity_schema"): CapacitySchema,
     ("logger", "null_logger_schema"): NullLoggerSchema,

@@ -103,7 +103,7 @@ class Retention:
                 "correct": is_correct(group.target.answer, answer.text),
                 "memory_tokens": session.memory.n_tokens, "used_tokens": answer.memory_tokens,
                 "target_tokens": session.memory.length_of(target_id),
-                "target_rank": _rank_of(target_id, answer.densities),
+                "target_rank": rank_of(target_id, answer.densities),
                 "target_position": ids.index(target_id) + 1 if target_id in ids else None,
                 "seconds": {**session.update_seconds, **answer.seconds}, **observed,
             }
@@ -113,7 +113,7 @@ class Retention:
         return {}
 
 
-def _rank_of(fid: int, densities: dict[int, float]) -> int | None:
+def rank_of(fid: int, densities: dict[int, float]) -> int | None:
     if fid not in densities:
         return None
     ids = list(densities)

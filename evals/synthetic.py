@@ -34,7 +34,7 @@ def _word(rng: random.Random, syllables: int) -> str:
     return "".join(rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS) for _ in range(syllables)).capitalize()
 
 
-def _person(rng: random.Random, used: set[str]) -> dict[str, str]:
+def person(rng: random.Random, used: set[str]) -> dict[str, str]:
     """Fresh invented names for every slot, never reused across the whole set."""
     def fresh(syllables):
         while (w := _word(rng, syllables)) in used:
@@ -48,7 +48,7 @@ def _person(rng: random.Random, used: set[str]) -> dict[str, str]:
     }
 
 
-def _paragraph(p: dict[str, str], rng: random.Random) -> str:
+def paragraph(p: dict[str, str], rng: random.Random) -> str:
     sentences = [
         f"{p['person']} is a {p['job']} who lives in the town of {p['town']}.",
         f"{p['person']} started working as a {p['job']} in {p['year']} and still works every day except {p['day']}.",
@@ -69,8 +69,8 @@ def generate(seed: int = 0):
     rng, used = random.Random(f"memdefrag-synthetic-{seed}"), set()
     targets = []
     for _ in range(N_TARGETS):
-        p = _person(rng, used)
+        p = person(rng, used)
         question, slot = rng.choice(QUESTIONS)
-        targets.append(QAItem(_paragraph(p, rng), question.format(**p), p[slot]))
-    unrelated = [_paragraph(_person(rng, used), rng) for _ in range(N_UNRELATED)]
+        targets.append(QAItem(paragraph(p, rng), question.format(**p), p[slot]))
+    unrelated = [paragraph(person(rng, used), rng) for _ in range(N_UNRELATED)]
     return RetentionData(targets, unrelated)

@@ -17,13 +17,16 @@ from methods.generation import greedy, stop_ids
 from methods.memory import LatentMemory
 from methods.text_prefix import TextPrefix
 
-PROMPT_STYLES = ("plain", "chat")
+PROMPT_STYLES = ("plain", "chat", "raw")
 
 
 def format_prompt(tokenizer, question: str, style: str) -> torch.Tensor:
-    """Prompt ids: the authors' plain `question + " Answer: "`, or the tokenizer's chat template."""
+    """Prompt ids: the authors' plain `question + " Answer: "`, the tokenizer's chat template, or
+    'raw': the text as given (a task that words its own prompt)."""
     if style == "plain":
         text = question + " Answer: "
+    elif style == "raw":
+        text = question
     elif style == "chat":
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("prompt='chat' needs a tokenizer with a chat template; use prompt='plain'")
@@ -79,19 +82,21 @@ class Session:
         self.memory.reorder(torch.randperm(len(self.memory), generator=generator).tolist())
 
     @torch.no_grad()
-    def ask(self, question: str) -> Answer:
-        prompt_ids = format_prompt(self.tokenizer, question, self.prompt)
+    def ask(self, question: str, prompt: str | None = None, max_new_tokens: int | None = None) -> Answer:
+        """prompt, max_new_tokens: this question's own (a task's), instead of the session's."""
+        prompt_ids = format_prompt(self.tokenizer, question, prompt or self.prompt)
+        max_new_tokens = max_new_tokens or self.max_new_tokens
         t0 = time.perf_counter()
         plan = self.method.plan(self.memory, prompt_ids, self.backend)
         t1 = time.perf_counter()
         if plan.latent is not None:
-            logits, cache, position = self.backend.prefill(plan.latent, prompt_ids, room=self.max_new_tokens)
+            logits, cache, position = self.backend.prefill(plan.latent, prompt_ids, room=max_new_tokens)
             memory_tokens = 1 + plan.latent.n_tokens
         else:
             text_ids = torch.empty(0, dtype=torch.long) if plan.text_ids is None else plan.text_ids
             logits, cache, position = self.text.prefill(text_ids, prompt_ids)
             memory_tokens = len(text_ids)
-        new_ids = greedy(self.model, logits, cache, position, self.max_new_tokens, self._stop)
+        new_ids = greedy(self.model, logits, cache, position, max_new_tokens, self._stop)
         t2 = time.perf_counter()
         dens = {} if plan.densities is None else dict(zip(self.memory.ids(), plan.densities.tolist()))
         return Answer(self.tokenizer.decode(new_ids, skip_special_tokens=True), memory_tokens, dens,

@@ -90,6 +90,20 @@ CASES = [
     (["task=probe", "task.fragments=1"], "task.fragments=1 must be >= 2"),
     (["task=probe", "task.positions=[0]"], "task.positions=[0] must lie in 1..task.fragments=20"),
     (["hydra.run.dir=/etc/hostname/run"], "output folder '/etc/hostname/run' cannot be created"),
+    (["task=longbench", "task.subsets=[nosuch]"], "task.subsets=['nosuch'] must name some of ['fictional_passages'"),
+    (["task=longbench", "task.dataset=longbench", "task.subsets=[musique]", "task.data_dir=/nowhere"],
+     "task.subsets: no data for 'musique' in /nowhere/longbench"),
+    (["task=longbench", "task.dataset=longbench"], "task.subsets: no data for '2wikimqa'"),
+    (["task=longbench", "task.dataset=hotpotqa"], "task.dataset: Invalid value 'hotpotqa', expected one of "
+     "[synthetic, longbench]"),
+    (["task=longbench", "task.chunk_tokens=0"], "task.chunk_tokens=0 must be >= 1"),
+    (["task=longbench", "task.groups=0"], "task.groups=0 must be >= 1"),
+    (["task=longbench", "task.max_tokens=10"], "no item of 'fictional_passages' fits task.max_tokens=10"),
+    (["task=longbench", "task.chunking=words"], "task.chunking: Invalid value 'words', expected one of "
+     "[passages, sentences, fixed]"),
+    (["task=longbench", "task.overflow=wrap"], "task.overflow: Invalid value 'wrap'"),
+    (["task=longbench", "task.prompt=fancy"], "task.prompt: Invalid value 'fancy'"),
+    (["task=longbench", "task.bertscore_layers=0"], "task.bertscore_layers=0 must be >= 1"),
     # a sweep: every job is checked before the first one starts
     (["-m", "method=vanilla,memdefrag", "model.tracer_layer=40"], "method.tracer_layer=40 is out of range: this "
      "model has 30 decoder layers, allowed 0..29 (job method=memdefrag model.tracer_layer=40"),
@@ -128,6 +142,15 @@ def test_bad_input_is_refused_with_one_line_before_any_work(overrides, message, 
                    monkeypatch, capsys)
     assert message in line
     assert no_work == [] and not (tmp_path / "run").exists()
+
+
+def test_a_longbench_item_without_answers_is_refused_before_weights_load(tmp_path, monkeypatch, capsys, no_work):
+    folder = tmp_path / "longbench"
+    folder.mkdir()
+    (folder / "hotpotqa.jsonl").write_text('{"input": "Who?", "context": "Passage 1:\\nA.", "answers": []}\n')
+    line = refused(["task=longbench", "task.dataset=longbench", "task.subsets=[hotpotqa]", f"task.data_dir={tmp_path}",
+                    "logger=none", f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch, capsys)
+    assert f"{folder / 'hotpotqa'}: item 0 has no 'answers'" in line and no_work == []
 
 
 def test_there_are_at_least_sixty_cases():

@@ -1,6 +1,6 @@
-"""Every shipped experiment runs, every sweep point of it, in a tiny form: one group of contexts cut to 200 tokens
-on the tiny checkpoint (capacity 5,000 tokens, so forgetting starts about half way through 50 updates). The tiny
-checkpoint stands in for every model, so a model axis runs once."""
+"""Every shipped experiment runs, every sweep point of it, in a tiny form: one group (of contexts cut to 200
+tokens, where the task cuts them) on the tiny checkpoint (capacity 5,000 tokens, so forgetting starts about half
+way through 50 updates). The tiny checkpoint stands in for every model, so a model axis runs once."""
 
 import pytest
 
@@ -13,7 +13,8 @@ from tests.conftest import EXPERIMENTS, sweep_points, tiny_run_config
 def test_experiment_runs_in_tiny_form(tmp_path, tiny_checkpoint, experiment):
     for i, point in enumerate(sweep_points(experiment, keep_first=("model",))):
         cfg = tiny_run_config(tiny_checkpoint, f"experiment={experiment}", *point, "task.groups=1",
-                              "max_new_tokens=2", "task.max_context_tokens=200", "model.memory_capacity=5000",
-                              small_task=False)
+                              "max_new_tokens=2", "model.memory_capacity=5000", small_task=False)
+        if "max_context_tokens" in cfg.task:
+            cfg.task.max_context_tokens = 200
         metrics = run(cfg, str(tmp_path / str(i)))
         assert len(metrics) and (tmp_path / str(i) / "run.json").is_file(), point

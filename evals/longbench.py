@@ -1,0 +1,331 @@
+"""LongBench (paper Sec. 5.2, `tab:longbench`): a long context split into chunks, every chunk stored
+in order as one fragment, then the question asked once; scored by string match, F1, ROUGE-L and BERTScore.
+
+Data: `dataset=longbench` reads the six QA sets of the paper from `<data_dir>/longbench/` (LongBench's
+official JSONL files, `<subset>.jsonl` or `data/<subset>.jsonl`, or a parquet mirror's files,
+`<subset>.parquet` or `<subset>/**/*.parquet`), or with `hub_id` through `datasets` (online users);
+`dataset=synthetic` generates the embedded set (`evals.synthetic_long`). Items whose context exceeds
+`max_tokens` are skipped (the authors') or truncated in the middle (LongBench's own `pred.py`).
+
+Chunking: `passages` splits at every "Passage N:" delimiter (multi-document sets); `sentences` ends a
+chunk at the first sentence boundary (a token ending in a newline or a period) once it holds
+`chunk_tokens` tokens, and merges a short last chunk into the one before (single-document sets);
+`fixed` cuts every `chunk_tokens` tokens (MemoryLLM/M+'s injections). Chunks partition the context:
+joined they give it back (a blank text before the first passage is dropped).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import pandas as pd
+
+from evals import synthetic_long
+from evals.metrics import METRICS, AnswerMetrics, BertScore
+from evals.retention import rank_of
+from harness.errors import ConfigError
+
+# the paper's six sets and how each is chunked by default
+PAPER_SUBSETS = {"2wikimqa": "passages", "hotpotqa": "passages", "musique": "passages",
+                 "multifieldqa_en": "sentences", "narrativeqa": "sentences", "qasper": "sentences"}
+EMBEDDED_SUBSETS = {"fictional_passages": "passages", "fictional_document": "sentences"}
+SUBSETS = {"longbench": PAPER_SUBSETS, "synthetic": EMBEDDED_SUBSETS}
+CHUNKINGS = ("passages", "sentences", "fixed")
+OVERFLOWS = ("skip", "truncate")
+PROMPTS = ("plain", "longbench", "chat")
+AUTHORS_PROMPT = "Question: {input}\nAnswer:"
+PROMPT_FILE, MAXLEN_FILE = "dataset2prompt.json", "dataset2maxlen.json"
+PASSAGE = re.compile(r"Passage\s*:?\s*\d+\s*:")
+SENTENCE_ENDS = ("\n", ".", "\u3002")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One LongBench question, its context already cut into the fragments it is stored as."""
+    index: int                    # the run's group index, running over the subsets in order
+    subset: str
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    chunks: tuple[str, ...]
+    context_tokens: int           # before any truncation
+
+    def texts(self) -> list[str]:
+        return list(self.chunks)
+
+
+# ---- chunking ---------------------------------------------------------------------------------
+
+def split_passages(context: str) -> list[str]:
+    """One chunk per "Passage N:" block (and the text before the first, unless blank)."""
+    starts = [m.start() for m in PASSAGE.finditer(context)]
+    if not starts:
+        return [context]
+    head = [context[: starts[0]]] if context[: starts[0]].strip() else []
+    return head + [context[a:b] for a, b in zip(starts, starts[1:] + [len(context)])]
+
+
+def _token_ends(tokenizer, context: str) -> list[int]:
+    """The character offset at which each token of `context` ends."""
+    encoded = tokenizer(context, add_special_tokens=False, return_offsets_mapping=True)
+    return [end for _, end in encoded["offset_mapping"]]
+
+
+def _cut(context: str, bounds: list[int]) -> list[str]:
+    """`context` cut at the character offsets `bounds` (ascending, inside the text)."""
+    edges = [0, *bounds, len(context)]
+    return [context[a:b] for a, b in zip(edges, edges[1:])]
+
+
+def split_sentences(context: str, tokenizer, min_tokens: int) -> list[str]:
+    """Chunks of at least `min_tokens` tokens ending at a sentence boundary; a short last one merged."""
+    ends = _token_ends(tokenizer, context)
+    breaks = [i + 1 for i, end in enumerate(ends) if end > 0 and context[end - 1] in SENTENCE_ENDS]
+    cuts, start = [], 0                     # cuts: token counts at which a chunk ends
+    for point in breaks:
+        if point - start >= min_tokens and point < len(ends):
+            cuts.append(point)
+            start = point
+    if cuts and len(ends) - cuts[-1] < min_tokens:
+        cuts.pop()                          # the tail is short: it joins the chunk before
+    return _cut(context, [ends[c - 1] for c in cuts])
+
+
+def split_fixed(context: str, tokenizer, size: int) -> list[str]:
+    """Chunks of exactly `size` tokens (the last one shorter)."""
+    ends = _token_ends(tokenizer, context)
+    return _cut(context, [ends[c - 1] for c in range(size, len(ends), size)])
+
+
+def chunk(context: str, tokenizer, chunking: str, chunk_tokens: int) -> list[str]:
+    if chunking == "passages":
+        return split_passages(context)
+    if chunking == "sentences":
+        return split_sentences(context, tokenizer, chunk_tokens)
+    return split_fixed(context, tokenizer, chunk_tokens)
+
+
+def truncate_middle(context: str, tokenizer, max_tokens: int) -> str:
+    """The first and last max_tokens/2 tokens of `context` (LongBench's truncation)."""
+    encoded = tokenizer(context, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    if len(encoded) <= max_tokens:
+        return context
+    head, tail = max_tokens // 2, max_tokens - max_tokens // 2
+    return context[: encoded[head - 1][1]] + context[encoded[len(encoded) - tail][0]:]
+
+
+# ---- data ---------------------------------------------------------------------------------------
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}: line {number} is not valid JSON: {err}") from None
+    return rows
+
+
+def _read_parquet(paths: list[Path]) -> list[dict]:
+    """Rows as plain Python values (lists, not arrays)."""
+    import pyarrow
+    import pyarrow.parquet
+
+    try:
+        return [row for path in paths for row in pyarrow.parquet.read_table(path).to_pylist()]
+    except (pyarrow.ArrowException, OSError) as err:
+        raise ConfigError(f"{paths[0]}: cannot be read as parquet ({err})") from None
+
+
+def local_records(folder: Path, subset: str) -> list[dict]:
+    """The records of `subset` under `folder`: official JSONL or a parquet mirror's files."""
+    for path in (folder / f"{subset}.jsonl", folder / "data" / f"{subset}.jsonl"):
+        if path.is_file():
+            return _read_jsonl(path)
+    parquet = [folder / f"{subset}.parquet"] if (folder / f"{subset}.parquet").is_file() else \
+        sorted((folder / subset).glob("**/*.parquet"))
+    if parquet:
+        return _read_parquet(parquet)
+    raise ConfigError(f"task.subsets: no data for {subset!r} in {folder} (looked for {subset}.jsonl, "
+                      f"data/{subset}.jsonl, {subset}.parquet, {subset}/**/*.parquet)")
+
+
+def hub_records(hub_id: str, subset: str) -> list[dict]:
+    """The test split of `subset` from a hub dataset with LongBench's fields (needs `datasets` and the network)."""
+    try:
+        from datasets import load_dataset
+    except ImportError:
+        raise ConfigError(f"task.hub_id={hub_id!r} needs the `datasets` package (pip install datasets)") from None
+    return [dict(row) for row in load_dataset(hub_id, subset, split="test")]
+
+
+def validated(records: list[dict], where: str) -> list[dict]:
+    """Records with a string `input`, a non-empty `context` and a non-empty list of string `answers`."""
+    if not records:
+        raise ConfigError(f"{where}: holds no items")
+    for i, record in enumerate(records):
+        answers = record.get("answers") if isinstance(record, dict) else None
+        if not isinstance(answers, (list, tuple)) or not answers or not all(isinstance(a, str) for a in answers):
+            raise ConfigError(f"{where}: item {i} has no 'answers' (a non-empty list of strings)")
+        if not isinstance(record.get("input"), str):
+            raise ConfigError(f"{where}: item {i} has no 'input' (the question, a string)")
+        if not isinstance(record.get("context"), str) or not record["context"].strip():
+            raise ConfigError(f"{where}: item {i} has an empty 'context'")
+    return records
+
+
+# ---- the task -----------------------------------------------------------------------------------
+
+class LongBench:
+    """dataset: 'synthetic' (embedded) or 'longbench' (the paper's six sets); subsets: some of them
+    (None: all); groups: items per subset, the first that fit, in file order (None: all);
+    chunking: None = each subset's default; prompt: 'plain' (the authors' "Question: ... Answer:"),
+    'longbench' (LongBench's template, its context part held by the memory) or 'chat' (that template's
+    question part in the tokenizer's chat template); max_new_tokens: None = dataset2maxlen.json's."""
+
+    def __init__(self, dataset: str = "synthetic", data_dir: str | None = None, hub_id: str | None = None,
+                 subsets: list[str] | None = None, groups: int | None = None, max_tokens: int = 16_384,
+                 overflow: str = "skip", chunking: str | None = None, chunk_tokens: int = 256,
+                 prompt: str = "plain", max_new_tokens: int | None = None, seed: int = 42,
+                 bertscore_model: str = "minilm", bertscore_layers: int | None = None, bertscore_rescale: bool = False):
+        if dataset not in SUBSETS:
+            raise ConfigError(f"task.dataset={dataset!r} is not one of {tuple(SUBSETS)}")
+        known = SUBSETS[dataset]
+        unknown = [s for s in subsets or [] if s not in known]
+        if unknown or subsets == []:
+            raise ConfigError(f"task.subsets={list(subsets)} must name some of {list(known)} (dataset={dataset}), "
+                              "or be null for all")
+        for key, value, allowed in (("overflow", overflow, OVERFLOWS), ("prompt", prompt, PROMPTS),
+                                    ("chunking", chunking, (None, *CHUNKINGS))):
+            if value not in allowed:
+                raise ConfigError(f"task.{key}={value!r} is not one of {[a for a in allowed if a]}")
+        for key, value in (("groups", groups), ("max_tokens", max_tokens), ("chunk_tokens", chunk_tokens),
+                           ("max_new_tokens", max_new_tokens)):
+            if value is not None and value < 1:
+                raise ConfigError(f"task.{key}={value} must be >= 1")
+        self.dataset, self.subsets = dataset, list(subsets or known)
+        self.folder = Path(data_dir or ".") / "longbench"
+        self.hub_id, self.n_groups, self.max_tokens, self.overflow = hub_id, groups, max_tokens, overflow
+        self.chunking, self.chunk_tokens, self.prompt, self.seed = chunking, chunk_tokens, prompt, seed
+        self.max_new_tokens = max_new_tokens
+        self.bertscore = BertScore(bertscore_model, bertscore_layers, bertscore_rescale)
+
+    def check(self) -> None:
+        """Read and validate the data, templates and scorer (ConfigError) before any model is loaded."""
+        for subset in self.subsets:
+            self.records(subset)
+        self.templates, self.answer_lengths     # read and checked here, once
+        self.bertscore.check()
+
+    def records(self, subset: str) -> list[dict]:
+        if self.dataset == "synthetic":
+            return synthetic_long.generate(subset, self.seed)
+        if self.hub_id:
+            return validated(hub_records(self.hub_id, subset), f"{self.hub_id} {subset}")
+        return validated(local_records(self.folder, subset), str(self.folder / subset))
+
+    def _config_file(self, name: str) -> dict:
+        path = self.folder / name
+        if not path.is_file():
+            raise ConfigError(f"missing {path} (LongBench's config/{name}; task.data_dir sets the folder)")
+        try:
+            table = json.loads(path.read_text(encoding="utf-8-sig"))
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path} is not valid JSON: {err}") from None
+        missing = [s for s in self.subsets if s not in table]
+        if missing:
+            raise ConfigError(f"{path} has no entry for {missing}")
+        return table
+
+    @cached_property
+    def templates(self) -> dict[str, str]:
+        """LongBench's prompt template per subset (read only where prompt is 'longbench' or 'chat')."""
+        if self.prompt == "plain":
+            return {}
+        return synthetic_long.PROMPTS if self.dataset == "synthetic" else self._config_file(PROMPT_FILE)
+
+    @cached_property
+    def answer_lengths(self) -> dict[str, int]:
+        """max_new_tokens per subset: the setting, else LongBench's dataset2maxlen.json."""
+        if self.max_new_tokens is not None:
+            return {s: self.max_new_tokens for s in self.subsets}
+        return synthetic_long.MAX_NEW_TOKENS if self.dataset == "synthetic" else self._config_file(MAXLEN_FILE)
+
+    def question(self, item: Item) -> tuple[str, str]:
+        """(prompt text, prompt style for Session.ask): the template's part after its {context}."""
+        if self.prompt == "plain":
+            return AUTHORS_PROMPT.format(input=item.question), "raw"
+        tail = self.templates[item.subset].split("{context}", 1)[-1].lstrip()
+        return tail.format(input=item.question), "raw" if self.prompt == "longbench" else "chat"
+
+    def groups(self, tokenizer) -> list[Item]:
+        items = []
+        for subset in self.subsets:
+            chunking = self.chunking or SUBSETS[self.dataset][subset]
+            kept = 0
+            for n, record in enumerate(self.records(subset)):
+                if self.n_groups is not None and kept == self.n_groups:
+                    break
+                context = record["context"]
+                tokens = len(tokenizer(context, add_special_tokens=False)["input_ids"])
+                if tokens > self.max_tokens:
+                    if self.overflow == "skip":
+                        continue
+                    context = truncate_middle(context, tokenizer, self.max_tokens)
+                chunks = tuple(chunk(context, tokenizer, chunking, self.chunk_tokens))
+                items.append(Item(len(items), subset, str(record.get("_id", n)), record["input"],
+                                  tuple(record["answers"]), chunks, tokens))
+                kept += 1
+            if not kept:
+                raise ConfigError(f"task.subsets: no item of {subset!r} fits task.max_tokens={self.max_tokens} "
+                                  "(raise it, or set task.overflow=truncate)")
+        return items
+
+    @cached_property
+    def scorer(self) -> AnswerMetrics:
+        return AnswerMetrics(self.bertscore)
+
+    def run_group(self, session, item: Item) -> Iterator[dict]:
+        """Store every chunk in order, ask once."""
+        formation = forgetting = 0.0
+        ids = []
+        for text in item.chunks:
+            ids.append(session.store(text))
+            formation += session.update_seconds["formation"]
+            forgetting += session.update_seconds["forgetting"]
+        text, style = self.question(item)
+        answer = session.ask(text, prompt=style, max_new_tokens=self.answer_lengths[item.subset])
+        holding = [fid for fid, chunk_text in zip(ids, item.chunks)
+                   if any(a.strip().lower() in chunk_text.lower() for a in item.answers)]
+        target_ranks = [r for r in (rank_of(fid, answer.densities) for fid in holding) if r is not None]
+        yield {
+            "group": item.index, "subset": item.subset, "id": item.id, "question": item.question,
+            "answers": list(item.answers), "output": answer.text, **self.scorer(answer.text, list(item.answers)),
+            "chunks": len(item.chunks), "chunk_tokens": [session.memory.length_of(fid) for fid in ids
+                                                         if fid in session.memory.ids()],
+            "context_tokens": item.context_tokens, "memory_tokens": session.memory.n_tokens,
+            "used_tokens": answer.memory_tokens,
+            "answer_chunks": [ids.index(fid) for fid in holding],
+            "target_rank": min(target_ranks) if target_ranks else None,
+            "seconds": {"formation": formation, "forgetting": forgetting, **answer.seconds},
+            **self.bertscore.describe(),
+        }
+
+    def metrics(self, records: list[dict]) -> pd.DataFrame:
+        return scores_by_subset(records)
+
+
+def scores_by_subset(records: list[dict] | pd.DataFrame) -> pd.DataFrame:
+    """Mean of every metric (x100) per subset, the target chunk's mean rank, memory size and item count."""
+    frame = pd.DataFrame(records)
+    return frame.groupby("subset", sort=False).agg(
+        **{m: (m, "mean") for m in METRICS}, target_rank=("target_rank", "mean"),
+        chunks=("chunks", "mean"), memory_tokens=("memory_tokens", "mean"), n=("f1", "size")).reset_index()

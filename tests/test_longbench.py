@@ -1,0 +1,157 @@
+"""LongBench: chunking rules worked out by hand on a tokenizer of one token per character, the JSONL and
+parquet loaders on fixture files in the official format, the embedded set, and whole runs."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from evals import synthetic_long
+from evals.longbench import LongBench, split_fixed, split_passages, split_sentences, truncate_middle
+from harness.errors import ConfigError
+from harness.results import read_jsonl
+from harness.runner import run
+from tests.conftest import tiny_run_config
+
+FIXTURES = Path(__file__).parent / "testdata"
+
+
+@pytest.fixture(scope="module")
+def chars():
+    """A fast tokenizer with one token per (ASCII) character and offsets, so token counts are character counts."""
+    bpe = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))},
+                               merges=[]))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    bpe.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=bpe)
+
+
+def test_passages_split_at_every_delimiter_and_keep_the_text_before():
+    context = "Intro.\nPassage 1:\nA one.\nPassage 2:\nB two.\nPassage: 3:\nC.\n"
+    assert split_passages(context) == ["Intro.\n", "Passage 1:\nA one.\n", "Passage 2:\nB two.\n", "Passage: 3:\nC.\n"]
+    assert split_passages("  \nPassage 1:\nA.\n") == ["Passage 1:\nA.\n"]       # a blank head is dropped
+    assert split_passages("no delimiter here.") == ["no delimiter here."]
+
+
+def test_sentence_chunks_end_at_the_first_boundary_past_the_size_and_a_short_tail_joins_the_last(chars):
+    context = "aaaa. bb. cc. dddddddd. e."          # sentence ends after 5, 9, 13, 23, 26 characters
+    # 8: the first end at or past 8 is 9, then at or past 17 is 23; the tail " e." (3 < 8) joins the last chunk
+    assert split_sentences(context, chars, 8) == ["aaaa. bb.", " cc. dddddddd. e."]
+    # 3: every sentence reaches 3 tokens, the tail " e." too, so it stays a chunk of its own
+    assert split_sentences(context, chars, 3) == ["aaaa.", " bb.", " cc.", " dddddddd.", " e."]
+    assert split_sentences("ab\ncd", chars, 2) == ["ab\n", "cd"]       # a newline ends a sentence too
+    assert split_sentences("abcdef", chars, 2) == ["abcdef"]           # no boundary: one chunk
+    assert split_sentences(context, chars, 100) == [context]
+
+
+def test_fixed_chunks_and_middle_truncation(chars):
+    assert split_fixed("abcdefghij", chars, 4) == ["abcd", "efgh", "ij"]
+    assert split_fixed("abc", chars, 4) == ["abc"]
+    assert truncate_middle("abcdefghij", chars, 4) == "abij"
+    assert truncate_middle("abcdefghij", chars, 5) == "abhij"
+    assert truncate_middle("abc", chars, 4) == "abc"
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    shutil.copytree(FIXTURES / "longbench", tmp_path / "longbench")
+    return tmp_path
+
+
+def test_jsonl_and_parquet_files_load_in_the_official_format(data_dir, chars):
+    task = LongBench("longbench", str(data_dir), subsets=["hotpotqa", "qasper"], chunk_tokens=40, prompt="longbench")
+    task.check()
+    items = task.groups(chars)
+    assert [(i.index, i.subset, i.id) for i in items] == [(0, "hotpotqa", "hp-1"), (1, "hotpotqa", "hp-2"),
+                                                         (2, "qasper", "qa-1")]
+    assert items[1].answers == ("Quenby", "Quenby harbour")
+    assert [c.split("\n")[1] for c in items[0].chunks] == ["Orin river", "Velmora", "Sea otters"]    # passages
+    record = read_jsonl(data_dir / "longbench" / "data" / "hotpotqa.jsonl")[0]
+    assert "".join(items[0].chunks) == record["context"]
+    qasper = items[2].chunks                                             # sentences of >= 40 tokens
+    assert len(qasper) > 2 and all(len(c) >= 40 and c.endswith((".", "\n", ". ")) for c in qasper[:-1])
+    assert task.question(items[0]) == ("Answer briefly.\nQuestion: Which town is the Orin river in?\nAnswer:", "raw")
+    assert task.answer_lengths == {"hotpotqa": 32, "qasper": 128}
+
+
+def test_too_long_contexts_are_skipped_or_cut_in_the_middle(data_dir, chars):
+    skip = LongBench("longbench", str(data_dir), subsets=["hotpotqa"], max_tokens=150)
+    assert [i.id for i in skip.groups(chars)] == ["hp-2"]                # hp-1 holds 226 characters
+    cut = LongBench("longbench", str(data_dir), subsets=["hotpotqa"], max_tokens=150, overflow="truncate")
+    first = cut.groups(chars)[0]
+    assert first.context_tokens == 226 and sum(len(c) for c in first.chunks) == 150
+    assert LongBench("longbench", str(data_dir), subsets=["hotpotqa"], groups=1).groups(chars)[0].id == "hp-1"
+
+
+def test_prompts(data_dir, chars):
+    item = LongBench("longbench", str(data_dir), subsets=["hotpotqa"]).groups(chars)[1]
+    plain = LongBench("longbench", str(data_dir), subsets=["hotpotqa"], prompt="plain")
+    chat = LongBench("longbench", str(data_dir), subsets=["hotpotqa"], prompt="chat")
+    assert plain.question(item) == ("Question: What is the capital of Velmora?\nAnswer:", "raw")
+    assert chat.question(item) == ("Answer briefly.\nQuestion: What is the capital of Velmora?\nAnswer:", "chat")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"subsets": ["hotpotqa", "nosuch"]}, "task.subsets=['hotpotqa', 'nosuch'] must name some of"),
+    ({"subsets": ["musique"]}, "task.subsets: no data for 'musique'"),
+    ({"chunk_tokens": 0}, "task.chunk_tokens=0 must be >= 1"),
+    ({"overflow": "wrap"}, "task.overflow='wrap' is not one of ['skip', 'truncate']"),
+    ({"max_new_tokens": None, "subsets": ["hotpotqa"], "maxlen": {}}, "has no entry for ['hotpotqa']"),
+])
+def test_bad_settings_are_refused(data_dir, change, message):
+    if "maxlen" in change:
+        (data_dir / "longbench" / "dataset2maxlen.json").write_text(json.dumps(change.pop("maxlen")))
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        LongBench("longbench", str(data_dir), **{"subsets": ["hotpotqa", "qasper"], **change}).check()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("answers", None, "item 0 has no 'answers'"), ("answers", [], "item 0 has no 'answers'"),
+    ("context", "  ", "item 0 has an empty 'context'"), ("input", 3, "item 0 has no 'input'"),
+])
+def test_bad_items_are_refused(data_dir, field, value, message):
+    path = data_dir / "longbench" / "data" / "hotpotqa.jsonl"
+    records = read_jsonl(path)
+    records[0][field] = value
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ConfigError, match=message):
+        LongBench("longbench", str(data_dir), subsets=["hotpotqa"]).check()
+
+
+def test_the_embedded_set_is_long_deterministic_and_holds_each_answer_once():
+    for subset in synthetic_long.SUBSETS:
+        items = synthetic_long.generate(subset, seed=3, items=10)
+        assert items == synthetic_long.generate(subset, seed=3, items=10)
+        assert items != synthetic_long.generate(subset, seed=4, items=10)
+        for item in items:
+            assert set(item) == {"input", "context", "answers", "length", "dataset", "language", "all_classes", "_id"}
+            [answer] = item["answers"]
+            assert item["context"].count(answer) == 1 and answer not in item["input"]
+        words = [item["length"] for item in items]
+        assert min(words) < 1_200 and max(words) > 7_000            # ~2k to ~15k tokens
+    document = synthetic_long.generate("fictional_document", items=5)
+    for item in document:                                           # the fact lies mid-way
+        where = item["context"].index(item["answers"][0]) / len(item["context"])
+        assert 0.35 < where < 0.65
+    passages = synthetic_long.generate("fictional_passages", items=1)[0]["context"]
+    assert passages.startswith("Passage 1:\n") and len(split_passages(passages)) == synthetic_long.PARAGRAPHS[0]
+
+
+def test_a_longbench_run_records_every_metric_and_the_answer_chunks_rank(tmp_path, tiny_checkpoint):
+    cfg = tiny_run_config(tiny_checkpoint, "task=longbench", "task.groups=1", "task.max_tokens=100000",
+                          "method=memdefrag_top2", "model.memory_capacity=null", small_task=False)
+    metrics = run(cfg, str(tmp_path))
+    assert list(metrics["subset"]) == list(synthetic_long.SUBSETS)
+    records = read_jsonl(tmp_path / "predictions.jsonl")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    for record, item in zip(records, LongBench(groups=1, max_tokens=100000).groups(tokenizer)):
+        assert record["chunks"] == len(item.chunks) == len(record["chunk_tokens"])
+        assert record["memory_tokens"] == sum(record["chunk_tokens"])
+        assert [c for c, text in enumerate(item.chunks) if item.answers[0] in text] == record["answer_chunks"]
+        assert 1 <= record["target_rank"] <= record["chunks"]
+        assert all(0 <= record[m] <= 100 for m in ("string_match", "f1", "rouge_l", "bertscore"))
+        assert record["bertscore_model"] == "minilm" and record["bertscore_rescaled"] is False
+        assert {"formation", "trace", "generate"} <= record["seconds"].keys()
