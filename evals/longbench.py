@@ -323,9 +323,14 @@ class LongBench:
         return scores_by_subset(records)
 
 
-def scores_by_subset(records: list[dict] | pd.DataFrame) -> pd.DataFrame:
-    """Mean of every metric (x100) per subset, the target chunk's mean rank, memory size and item count."""
-    frame = pd.DataFrame(records)
-    return frame.groupby("subset", sort=False).agg(
+def scores_by_subset(records: list[dict], by: tuple[str, ...] = ("subset",)) -> pd.DataFrame:
+    """Mean of every metric (x100) per subset (and `by`), the answer chunk's mean rank, memory size, items."""
+    return pd.DataFrame(records).groupby(list(by), sort=False).agg(
         **{m: (m, "mean") for m in METRICS}, target_rank=("target_rank", "mean"),
-        chunks=("chunks", "mean"), memory_tokens=("memory_tokens", "mean"), n=("f1", "size")).reset_index()
+        chunks=("chunks", "mean"), memory_tokens=("memory_tokens", "mean"), items=("f1", "size")).reset_index()
+
+
+def longbench_table(records: list[dict]) -> pd.DataFrame:
+    """`tab:longbench`: one block per set, a row per run (records labelled with `run`), the metrics as columns."""
+    table = scores_by_subset(records, ("subset", "run")).set_index(["subset", "run"])
+    return table.drop(columns=["chunks", "memory_tokens"])

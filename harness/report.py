@@ -15,6 +15,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from evals.distortion import correlations
+from evals.longbench import longbench_table
 from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
 from harness.errors import ConfigError
@@ -166,6 +167,24 @@ def runtime_section(runs) -> tuple[Section, Section]:
     return runtime, memory
 
 
+def longbench_section(root, runs, model: str) -> Section:
+    """Methods as rows, the four metrics (x100) as columns, one block per set; the BERTScore model named."""
+    label = "tab:longbench" + ("" if model == DEFAULT_MODEL else f"_{model}")
+    title = "LongBench: string match, F1, ROUGE-L, BERTScore (x100), mean rank of the answer's chunk" + \
+        ("" if model == DEFAULT_MODEL else f" ({model})")
+    chosen = [r for r in runs if r.task == "LongBench" and r.model == model]
+    if not chosen:
+        return Section(label, title, missing="no runs yet: memdefrag experiment=longbench")
+    records = [{**record, "run": run_label} for run, run_label in zip(chosen, run_labels([r.config for r in chosen]))
+               for record in read_jsonl(run.folder / "predictions.jsonl")]
+    scorers = sorted({f"{r['bertscore_model']} (layer {r['bertscore_layers']}, "
+                      f"{'rescaled' if r['bertscore_rescaled'] else 'not rescaled'})" for r in records})
+    folders = ", ".join(f"`{r.folder.relative_to(root)}`" for r in chosen)
+    return Section(label, title, longbench_table(records).round(1),
+                   after=f"BERTScore: {', '.join(scorers)}. `target_rank`: density rank of the best-ranked chunk "
+                         f"holding a gold answer (methods that trace). Runs: {folders}.")
+
+
 def tracer_summary_section() -> Section:
     section = Section("tab:top_tracing_layer_summary", "Recommended tracer layer per model (memdefrag tracer-sweep)")
     chosen = recorded()
@@ -187,7 +206,6 @@ def speed_section(root: Path) -> Section:
 
 
 NOT_YET = {
-    "tab:longbench": "LongBench: the task is not built yet",
     "tab:defrag_memoryllm_mplus": "MemoryLLM / M+ with defragmentation: the baselines are not built yet",
     "tab:compression_comparison": "prompt compression (LLMLingua-2): not built yet",
     "tab:larger_backbones": "no results: run experiment=larger_backbones on GPUs with the real weights",
@@ -213,6 +231,8 @@ def build(root: Path) -> list[Section]:
         bounded_step_section(runs, "tab:forgetting_seconds", "Knowledge retention with forgetting, seconds per "
                              "step (that update's formation and forgetting, the question's trace and answer)",
                              "seconds"),
+        *(longbench_section(root, runs, model)
+          for model in [DEFAULT_MODEL, *sorted({r.model for r in runs if r.task == "LongBench"} - {DEFAULT_MODEL})]),
         probe_section(root, runs),
         distortion_section(root, runs),
         tracer_summary_section(),

@@ -93,15 +93,24 @@ def accuracy_table(records: pd.DataFrame, value: str = "correct") -> pd.DataFram
     return out
 
 
+def metrics_of(*roots: str | Path) -> pd.DataFrame:
+    """Every finished run's metrics.csv below `roots`, one after the other (tasks that ask no steps)."""
+    frames = [pd.read_csv(folder / "metrics.csv") for folder in run_folders(*roots) if (folder / "metrics.csv").is_file()]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
 class SweepSummary(Callback):
     def on_multirun_end(self, config, **kwargs) -> None:
+        """Accuracy per step where the runs ask at steps; otherwise every run's metrics, one table."""
         sweep_dir = Path(config.hydra.sweep.dir)
-        table = sweep_table(sweep_dir)
+        table, what = sweep_table(sweep_dir), "Accuracy (%) per update step (finished groups last)"
+        if table.empty:
+            table, what = metrics_of(sweep_dir), "Metrics per run"
         if table.empty:
             return
         (sweep_dir / "summary.md").write_text(table.to_markdown() + "\n")
         table.to_csv(sweep_dir / "summary.csv")
-        print(f"\nAccuracy (%) per update step, {sweep_dir} (finished groups last):\n{table.to_string()}")
+        print(f"\n{what}, {sweep_dir}:\n{table.to_string()}")
 
 
 def main(argv: list[str] | None = None) -> None:

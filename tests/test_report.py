@@ -34,7 +34,13 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     fading = [{"group": g, "step": s, "correct": s + g < 3, "memory_tokens": 100 * s,
                "density": {"last": [0.5 / s, 0.1], "mean": [0.4 / s, 0.2 * s]}} for g in (0, 1) for s in (1, 2, 3)]
     fake_run(tmp_path / "d" / "c", "Distortion", "vanilla", fading)
+    scorer = {"bertscore_model": "minilm", "bertscore_layers": 6, "bertscore_rescaled": False}
+    fake_run(tmp_path / "l" / "m", "LongBench", "memdefrag_top2",
+             [{"group": g, "subset": "fictional_document", "string_match": 100.0 * g, "f1": 50.0 + 50 * g,
+               "rouge_l": 60.0, "bertscore": 40.0, "target_rank": 1 + g, "chunks": 3, "memory_tokens": 900,
+               **scorer} for g in (0, 1)])
     readme = write(tmp_path).read_text()
+    assert "_no runs yet: memdefrag experiment=longbench_" not in readme
     assert readme.startswith("# Our results\n\nHow they were made.")
     assert "_no runs yet: results/run_accuracy.sh_" in readme                       # tab:retention
     assert "memdefrag_top2+informativeness" in readme                               # tab:retention_comparison
@@ -45,7 +51,10 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert "smollm2 latent chat shared_sink, 1 groups, target at all 2 positions (p/b)" in readme
     assert "smollm2 text chat shared_sink, 2 groups, target at positions 1/2, one per group (p/t)" in readme
     assert "12.5" in readme and "900" in readme
-    assert "_LongBench: the task is not built yet_" in readme
+    longbench = readme.split("(`tab:longbench`)")[1].split("\n## ")[0]
+    assert re.search(r"\| fictional_document \| memdefrag_top2 \| +50 \| +75 \| +60 \| +40 \| +1.5 \| +2 \|", longbench)
+    assert "BERTScore: minilm (layer 6, not rescaled)" in longbench and "`l/m`" in longbench
+    assert (tmp_path / "tables" / "longbench.tex").is_file()
     distortion = readme.split("fig:distortion")[1]
     assert "### nqa, vanilla memory (2 groups, `d/c`)" in distortion and "| accuracy      | 100 |  50 |   0 |" in distortion
     assert "![density_heatmap_last](d/c/density_heatmap_last.png)" in distortion

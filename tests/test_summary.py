@@ -43,3 +43,16 @@ def test_labels_leave_out_settings_a_run_does_not_have():
     assert run_labels([{"method": {"label": "vanilla"}}, {"method": {"label": "top1", "query_mode": "mean"}},
                        {"method": {"label": "top1", "query_mode": "last"}}]) == \
         ["vanilla", "top1 query_mode=mean", "top1 query_mode=last"]
+
+
+def test_a_sweep_of_a_task_without_steps_is_summarised_from_its_metrics(tmp_path):
+    from types import SimpleNamespace
+
+    from harness.summary import SweepSummary
+
+    for name, method, score in (("0_vanilla", "vanilla", 10.0), ("1_top2", "memdefrag_top2", 30.0)):
+        write_run(tmp_path, name, [{"group": 0, "subset": "fictional_document", "f1": score}], method=method)
+        (tmp_path / name / "metrics.csv").write_text(f"method,subset,f1\n{method},fictional_document,{score}\n")
+    SweepSummary().on_multirun_end(SimpleNamespace(hydra=SimpleNamespace(sweep=SimpleNamespace(dir=str(tmp_path)))))
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| vanilla        | fictional_document |   10 |" in summary and "memdefrag_top2" in summary
