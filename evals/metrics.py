@@ -91,9 +91,14 @@ class BertScore:
 
     @property
     def layers(self) -> int | None:
-        if self.num_layers is None and self.model == LOCAL_BERTSCORE_MODEL:
+        """The layer read: the setting, else the shipped MiniLM's last, else bert-score's default for the model."""
+        if self.num_layers is not None:
+            return self.num_layers
+        if self.model == LOCAL_BERTSCORE_MODEL:
             return 6
-        return self.num_layers
+        from bert_score.utils import model2layers
+
+        return model2layers.get(self.model)
 
     @cached_property
     def scorer(self):

@@ -47,3 +47,8 @@ def test_every_metric_of_one_prediction():
     scores = AnswerMetrics(BertScore())("the cat sat", ["the cat sat"])
     assert scores.keys() == {"string_match", "f1", "rouge_l", "bertscore"}
     assert all(value == pytest.approx(100.0, abs=1e-3) for value in scores.values())
+
+
+def test_the_paper_bertscore_model_reads_bert_scores_default_layer():
+    assert BertScore("roberta-large").describe() == {"bertscore_model": "roberta-large", "bertscore_layers": 17,
+                                                     "bertscore_rescaled": False}
