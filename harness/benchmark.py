@@ -1,23 +1,29 @@
-"""Speed benchmark: one question (trace + defragment + generate) against n stored fragments,
-fast backend against hidden-prefix backend, side by side in one process.
+"""Speed and memory of one question against n stored fragments (`memdefrag-bench`).
 
-    memdefrag-bench --sizes 5 10 20 --threads 2
+Per memory size and method: time to first token (the method's trace and defragmentation, then the
+prefill), time per generated token and total time, every method decoding the same number of tokens
+(end-of-turn ids do not stop it), and the trace alone; best of --repeats, side by side in one process,
+thread count, device and dtype stated. --hidden-prefix also times the paper's formulation and checks
+that its outputs equal the fast backend's (many minutes per point on a CPU). --shape runs a randomly
+initialised model of a real shape (speed and memory only, never accuracy) instead of the embedded
+SmolLM2; on a GPU the peak memory is the CUDA allocator's.
 
-The memory is formed once with everything both backends need, so both answer
-from the very same fragments; the script checks that their outputs agree.
+    memdefrag-bench --sizes 10 26 --threads 1 --out results/speed_cpu.md
+    memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --sizes 26 --out results/speed_gpu.md
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
 
 from evals.retention import Retention
 from harness.errors import ConfigError, stops_on_config_error
-from harness.models import ModelSpec, load
+from harness.models import DTYPES, ModelSpec, check_device, check_source, grouped_sdpa_on_cpu, load, pick_device
 from methods.formation import Former
 from methods.hidden_prefix import HiddenPrefixBackend
 from methods.kv_prefix import KVPrefixBackend
@@ -28,82 +34,137 @@ from methods.session import Session
 from methods.vanilla import Vanilla
 
 
-def timed_answer(session: Session, question: str, repeats: int) -> tuple[float, str]:
-    """Best wall time of `repeats` answers (the least disturbed by a shared machine)."""
-    best, text = float("inf"), ""
+@dataclass(frozen=True)
+class Shape:
+    """A model architecture to build with random weights; tracer layer and query mode as the paper's."""
+    config: dict
+    tracer_layer: int
+    query_mode: str
+
+
+LLAMA31_ROPE = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                    original_max_position_embeddings=8192)
+SHAPES = {
+    "llama31_8b": Shape(dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                             num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+                             rms_norm_eps=1e-5, rope_parameters=LLAMA31_ROPE), 13, "last"),
+    "tiny": Shape(dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768), 1, "mean"),
+}
+EMBEDDED = ModelSpec("smollm2", "smollm2", tracer_layer=18, query_mode="mean")
+
+
+def build(shape: str | None, device: str, dtype: str):
+    """(model, tokenizer, tracer layer, query mode): the embedded SmolLM2, or a random model of `shape`
+    (its prompts tokenized by SmolLM2's tokenizer, whose ids all lie inside its vocabulary)."""
+    if shape is None:
+        model, tokenizer = load(ModelSpec(EMBEDDED.name, EMBEDDED.source, dtype=dtype, device=device))
+        return model, tokenizer, EMBEDDED.tracer_layer, EMBEDDED.query_mode
+    chosen = SHAPES[shape]
+    torch.manual_seed(0)
+    with torch.device(pick_device(device)):
+        model = AutoModelForCausalLM.from_config(LlamaConfig(**chosen.config), dtype=DTYPES[dtype]).eval()
+    grouped_sdpa_on_cpu(model.device)
+    return model, check_source(EMBEDDED)[1], chosen.tracer_layer, chosen.query_mode
+
+
+def timed(session: Session, question: str, repeats: int) -> dict:
+    """The fastest of `repeats` answers: its phases, time to first token, per-token and total time."""
+    best = None
     for _ in range(repeats):
-        start = time.perf_counter()
-        text = session.ask(question).text
-        best = min(best, time.perf_counter() - start)
-    return best, text
+        answer = session.ask(question)
+        if best is None or sum(answer.seconds.values()) < sum(best.seconds.values()):
+            best = answer
+    seconds = best.seconds
+    first = sum(v for k, v in seconds.items() if k != "decode")
+    return {"ttft_s": first, "per_token_ms": 1000 * seconds["decode"] / max(best.tokens - 1, 1),
+            "total_s": first + seconds["decode"], "trace_s": seconds.get("trace", 0.0), "tokens": best.tokens,
+            "output": best.text}
 
 
-def main(argv: list[str] | None = None) -> None:
+def peak_gb(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="nqa")
     parser.add_argument("--data-dir", default="../shared/data")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[5, 10, 20])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--k", type=int, default=2)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 26], help="stored fragments per point")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--k", type=int, nargs="+", default=[1, 2], help="MemDefrag Top-K values to time")
+    parser.add_argument("--new-tokens", type=int, default=32, help="tokens every method generates")
+    parser.add_argument("--hidden-prefix", action="store_true", help="also time the paper's formulation")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:<index> or auto")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    parser.add_argument("--shape", default=None, choices=sorted(SHAPES), help="a random model of this shape")
     parser.add_argument("--out", default=None, help="also write the table as Markdown here")
     args = parser.parse_args(argv)
     with stops_on_config_error("memdefrag-bench"):
-        if args.threads < 1 or args.k < 1 or args.repeats < 1 or min(args.sizes) < 1:
-            raise ConfigError(f"--threads {args.threads}, --k {args.k}, --repeats {args.repeats} and --sizes "
-                              f"{args.sizes} must all be >= 1")
+        numbers = {"--threads": args.threads, "--repeats": args.repeats, "--new-tokens": args.new_tokens,
+                   "--sizes": min(args.sizes), "--k": min(args.k)}
+        bad = {name: value for name, value in numbers.items() if value < 1}
+        if bad:
+            raise ConfigError(f"{', '.join(f'{n} {v}' for n, v in bad.items())}: must be >= 1")
+        check_device(args.device)
         Retention(args.dataset, args.data_dir, groups=1, updates=max(args.sizes)).check()
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     torch.set_num_threads(args.threads)
-    spec = ModelSpec("smollm2", "smollm2", tracer_layer=18, query_mode="mean")
-    model, tokenizer = load(spec)
+    model, tokenizer, tracer_layer, query_mode = build(args.shape, args.device, args.dtype)
     methods = {"none": NoMemory(), "vanilla": Vanilla(),
-               f"memdefrag_top{args.k}": MemDefrag(args.k, spec.tracer_layer, spec.query_mode)}
-    backends = {"fast": KVPrefixBackend(model), "hidden_prefix": HiddenPrefixBackend(model)}
+               **{f"memdefrag_top{k}": MemDefrag(k, tracer_layer, query_mode) for k in args.k}}
+    backends = {"fast": KVPrefixBackend(model)}
+    if args.hidden_prefix:
+        backends["hidden_prefix"] = HiddenPrefixBackend(model)
     rows = []
     for n in args.sizes:
         group = Retention(args.dataset, args.data_dir, groups=1, updates=n).groups(tokenizer)[0]
-        former = Former(model, tokenizer, "shared_sink", keep_kv=True, keep_states=True)
+        former = Former(model, tokenizer, "shared_sink", keep_kv=True, keep_states=args.hidden_prefix)
         memory = LatentMemory()
-        for text in [group.target.context + "\n\n", *group.distractors]:
+        for text in group.texts():
             former.store(memory, text)
         memory.reorder(torch.randperm(n, generator=torch.Generator().manual_seed(0)).tolist())
         for method_name, method in methods.items():
-            outputs = {}
             for backend_name, backend in backends.items():
                 if method_name == "none" and backend_name != "fast":
                     continue
-                session = Session(model, tokenizer, backend, method, "shared_sink", "chat")
-                session.memory = memory
-                seconds, outputs[backend_name] = timed_answer(session, group.target.question, args.repeats)
+                session = Session(model, tokenizer, backend, method, "shared_sink", "chat", args.new_tokens)
+                session.memory, session.stop = memory, set()
+                if model.device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(model.device)
                 rows.append({"n": n, "memory_tokens": memory.n_tokens, "method": method_name,
-                             "backend": backend_name, "seconds": seconds})
-            rows[-1]["same_output"] = len(set(outputs.values())) == 1
-        print(pd.DataFrame(rows).tail(5).to_string(index=False), flush=True)
-    table = summarize(pd.DataFrame(rows), f"memdefrag_top{args.k}")
-    text = table.to_markdown(index=False, floatfmt=".2f")
-    print(f"\nthreads={args.threads}, model=smollm2 (CPU fp32), one question each\n{text}")
+                             "backend": backend_name, **timed(session, group.target.question, args.repeats),
+                             "peak_gb": peak_gb(model.device)})
+        print(pd.DataFrame(rows).drop(columns="output").tail(len(methods) * len(backends)).to_string(index=False),
+              flush=True)
+    table = summarize(pd.DataFrame(rows))
+    where = (f"model={args.shape or 'smollm2'}{' (random weights)' if args.shape else ''}, "
+             f"device={model.device}, dtype={args.dtype}, threads={torch.get_num_threads()}, "
+             f"dataset={args.dataset}, {args.new_tokens} generated tokens, best of {args.repeats}")
+    text = table.astype(object).where(table.notna(), "").to_markdown(index=False, floatfmt=".3g")
+    print(f"\n{where}\n{text}")
     if args.out:
         with open(args.out, "w") as handle:
-            handle.write(f"threads={args.threads}, model=smollm2, dataset={args.dataset}\n\n{text}\n")
+            handle.write(f"{where}\n\n{text}\n")
 
 
-def summarize(frame: pd.DataFrame, defrag: str) -> pd.DataFrame:
-    """One row per n: seconds per method and backend, and the ratios the targets are stated in."""
-    wide = frame.pivot_table(index=["n", "memory_tokens"], columns=["method", "backend"], values="seconds")
-    out = pd.DataFrame({
-        "n": wide.index.get_level_values(0), "memory_tokens": wide.index.get_level_values(1),
-        "none_s": wide[("none", "fast")].values,
-        "vanilla_fast_s": wide[("vanilla", "fast")].values,
-        "vanilla_hidden_s": wide[("vanilla", "hidden_prefix")].values,
-        f"{defrag}_fast_s": wide[(defrag, "fast")].values,
-        f"{defrag}_hidden_s": wide[(defrag, "hidden_prefix")].values,
-    })
-    out["vanilla_speedup"] = out["vanilla_hidden_s"] / out["vanilla_fast_s"]
-    out[f"{defrag}_speedup"] = out[f"{defrag}_hidden_s"] / out[f"{defrag}_fast_s"]
-    out[f"{defrag}_vs_none"] = out[f"{defrag}_fast_s"] / out["none_s"]
-    same = frame.dropna(subset=["same_output"]).groupby("n")["same_output"].all()
-    out["same_outputs"] = out["n"].map(same).values
-    return out
+def summarize(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every timing, the total against the no-memory question's, and whether both backends agree."""
+    none = frame[frame.method == "none"].set_index("n")["total_s"]
+    frame = frame.assign(vs_none=frame["total_s"] / frame["n"].map(none))
+    fast = frame[frame.backend == "fast"].set_index(["n", "method"])
+    slow = frame[frame.backend != "fast"]
+    if not slow.empty:
+        keys = list(zip(slow.n, slow.method))
+        frame.loc[slow.index, "speedup"] = slow["total_s"].to_numpy() / fast.loc[keys, "total_s"].to_numpy()
+        same = fast.loc[keys, "output"].to_numpy() == slow["output"].to_numpy()
+        frame.loc[slow.index, "same_output"] = ["yes" if s else "NO" for s in same]
+    return frame.drop(columns="output").dropna(axis=1, how="all")
 
 
 if __name__ == "__main__":

@@ -197,6 +197,18 @@ def pick_device(device: str) -> str:
     return device
 
 
+SDPA_GROUPED = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+
+def grouped_sdpa_on_cpu(device: torch.device) -> None:
+    """On a CPU, let transformers' sdpa attend with grouped key/value heads instead of copying every
+    key and value once per query head: the same kernel, bit for bit the same numbers
+    (tests/test_backends.py), half the time over a long memory. (On CUDA a mask would send grouped
+    heads to the slow math kernel, so it stays off there.)"""
+    if device.type == "cpu":
+        os.environ.setdefault(SDPA_GROUPED, "1")
+
+
 def load(spec: ModelSpec):
     """(model in eval mode, tokenizer) for `spec`; a GGUF file is converted the first time."""
     check_source(spec)
@@ -210,6 +222,7 @@ def load(spec: ModelSpec):
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs).eval()
     if not spec.device_map:
         model.to(pick_device(spec.device))
+    grouped_sdpa_on_cpu(model.device)
     return model, _config_and_tokenizer(source, gguf_file, spec.trust_remote_code)[1]
 
 

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
+
+
+def clock(device: torch.device) -> float:
+    """perf_counter once the device has finished its queued work (a GPU runs ahead of Python)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def stop_ids(model, tokenizer) -> set[int]:

@@ -3,11 +3,10 @@ reorder them densest-nearest-the-prompt, keep the Top-K."""
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from methods.base import Method, Plan
+from methods.generation import clock
 from methods.tracing import QUERY_MODES, densities
 
 
@@ -41,10 +40,11 @@ class MemDefrag(Method):
     def plan(self, memory, prompt_ids, backend) -> Plan:
         if len(memory) == 0:
             return Plan(latent=memory)
-        start = time.perf_counter()
+        device = backend.model.device
+        start = clock(device)
         rows = backend.attention_rows(memory, prompt_ids, [self.tracer_layer])[self.tracer_layer]
         density = densities(rows, memory.spans(), self.query_mode)
-        traced = time.perf_counter()
+        traced = clock(device)
         view = memory.arranged(defragment(density, self.k))
         return Plan(latent=view, densities=density,
-                    seconds={"trace": traced - start, "defragment": time.perf_counter() - traced})
+                    seconds={"trace": traced - start, "defragment": clock(device) - traced})

@@ -5,7 +5,6 @@ This is the shared machinery every method uses; methods only choose the Plan.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +12,7 @@ import torch
 from methods.base import Method
 from methods.forgetting import Forgetting, NoForgetting
 from methods.formation import Former
-from methods.generation import greedy, stop_ids
+from methods.generation import clock, greedy, stop_ids
 from methods.memory import LatentMemory
 from methods.text_prefix import TextPrefix
 
@@ -42,7 +41,8 @@ class Answer:
     text: str
     memory_tokens: int            # memory positions the answer was generated with (text ones included)
     densities: dict[int, float]   # fragment id -> attention density, where the method traced
-    seconds: dict[str, float]     # per phase: the method's (e.g. trace, defragment) or plan, then generate
+    seconds: dict[str, float]     # per phase: the method's (e.g. trace, defragment) or plan, then prefill, decode
+    tokens: int = 0               # tokens generated: the first from the prefill, the rest decoded
 
 
 class Session:
@@ -58,16 +58,16 @@ class Session:
         self.memory = LatentMemory()
         self.update_seconds: dict[str, float] = {}     # the last store's formation and forgetting
         self.text = TextPrefix(model)                   # plain-token memory (text, none)
-        self._stop = stop_ids(model, tokenizer)
+        self.stop = stop_ids(model, tokenizer)          # ids that end an answer (empty: always the full budget)
 
     def store(self, text: str, reuse: bool = False) -> int:
         """Form one fragment and admit it, forgetting to stay within capacity; returns its id.
         reuse: the text recurs (see Former.next_fragment)."""
-        start = time.perf_counter()
+        start = clock(self.model.device)
         fragment = self.former.next_fragment(self.memory, text, reuse)
-        formed = time.perf_counter()
+        formed = clock(self.model.device)
         self.forgetting.admit(self.memory, fragment)
-        self.update_seconds = {"formation": formed - start, "forgetting": time.perf_counter() - formed}
+        self.update_seconds = {"formation": formed - start, "forgetting": clock(self.model.device) - formed}
         return fragment.fid
 
     @torch.no_grad()
@@ -86,9 +86,10 @@ class Session:
         """prompt, max_new_tokens: this question's own (a task's), instead of the session's."""
         prompt_ids = format_prompt(self.tokenizer, question, prompt or self.prompt)
         max_new_tokens = max_new_tokens or self.max_new_tokens
-        t0 = time.perf_counter()
+        device = self.model.device
+        t0 = clock(device)
         plan = self.method.plan(self.memory, prompt_ids, self.backend)
-        t1 = time.perf_counter()
+        t1 = clock(device)
         if plan.latent is not None:
             logits, cache, position = self.backend.prefill(plan.latent, prompt_ids, room=max_new_tokens)
             memory_tokens = 1 + plan.latent.n_tokens
@@ -96,8 +97,9 @@ class Session:
             text_ids = torch.empty(0, dtype=torch.long) if plan.text_ids is None else plan.text_ids
             logits, cache, position = self.text.prefill(text_ids, prompt_ids)
             memory_tokens = len(text_ids)
-        new_ids = greedy(self.model, logits, cache, position, max_new_tokens, self._stop)
-        t2 = time.perf_counter()
+        t2 = clock(device)
+        new_ids = greedy(self.model, logits, cache, position, max_new_tokens, self.stop)
+        t3 = clock(device)
         dens = {} if plan.densities is None else dict(zip(self.memory.ids(), plan.densities.tolist()))
         return Answer(self.tokenizer.decode(new_ids, skip_special_tokens=True), memory_tokens, dens,
-                      {**(plan.seconds or {"plan": t1 - t0}), "generate": t2 - t1})
+                      {**(plan.seconds or {"plan": t1 - t0}), "prefill": t2 - t1, "decode": t3 - t2}, len(new_ids))

@@ -102,3 +102,22 @@ def test_traced_scores_mask_the_prompts_future_alike_without_a_mask():
     for a, b in zip(implicit, explicit):
         torch.testing.assert_close(a, b)
     assert (explicit[2][0, 5:] == 0).all() and (explicit[2][1, 6:] == 0).all()
+
+
+def test_grouped_sdpa_on_cpu_changes_no_number(family_model, tokenizer, monkeypatch):
+    """transformers' grouped-head sdpa (turned on for CPU models at load) gives the very same logits,
+    attention rows and answer as copying keys and values per head."""
+    from harness.models import SDPA_GROUPED
+
+    memory = formed(family_model, tokenizer, "shared_sink").arranged([2, 1, 0, 4, 3])
+    prompt = torch.tensor(tokenizer("where is the cat?", add_special_tokens=False)["input_ids"])
+    backend, layers = KVPrefixBackend(family_model), list(range(family_model.config.num_hidden_layers))
+    results = []
+    for grouped in ("0", "1"):
+        monkeypatch.setenv(SDPA_GROUPED, grouped)
+        logits, cache, position = backend.prefill(memory, prompt)
+        results.append((logits, backend.attention_rows(memory, prompt, layers),
+                        greedy(family_model, logits, cache, position, 8, {tokenizer.eos_token_id})))
+    (logits, rows, answer), (grouped_logits, grouped_rows, grouped_answer) = results
+    assert torch.equal(logits, grouped_logits) and answer == grouped_answer
+    assert all(torch.equal(rows[layer], grouped_rows[layer]) for layer in layers)

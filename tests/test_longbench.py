@@ -154,4 +154,4 @@ def test_a_longbench_run_records_every_metric_and_the_answer_chunks_rank(tmp_pat
         assert 1 <= record["target_rank"] <= record["chunks"]
         assert all(0 <= record[m] <= 100 for m in ("string_match", "f1", "rouge_l", "bertscore"))
         assert record["bertscore_model"] == "minilm" and record["bertscore_rescaled"] is False
-        assert {"formation", "trace", "generate"} <= record["seconds"].keys()
+        assert {"formation", "trace", "prefill", "decode"} <= record["seconds"].keys()

@@ -96,7 +96,7 @@ class RecordingSession:
     def ask(self, question):
         from methods.session import Answer
         self.calls.append(("ask", question))
-        return Answer("it is A0", 1, {0: 0.1, 1: 0.9}, {"plan": 0.0, "generate": 0.0})
+        return Answer("it is A0", 1, {0: 0.1, 1: 0.9}, {"plan": 0.0, "prefill": 0.0, "decode": 0.0})
 
 
 def test_protocol_stores_target_first_and_asks_at_eval_steps(tmp_path):
