@@ -148,6 +148,7 @@ class RunSchema:
     seed: int = 0
     shard: Optional[str] = None
     resume: bool = True
+    study: Optional[str] = None             # the experiment a run belongs to, where its tables need to know
 
 
 SCHEMAS = {

@@ -146,25 +146,45 @@ def distortion_section(root, runs) -> Section:
     return Section(label, title, text="\n\n".join(parts))
 
 
+def study_table(runs, study: str, value) -> tuple[pd.DataFrame, str] | None:
+    """Datasets as rows, methods as columns (in run order): value(run) of the runs of one experiment
+    (`study`); and a caption naming model, device, dtype and threads. None without such runs."""
+    chosen = [r for r in runs if r.config.get("study") == study and r.info]
+    if not chosen:
+        return None
+    labels = run_labels([r.config for r in chosen])
+    frame = pd.DataFrame([{"dataset": r.config["task"]["dataset"], "method": label, "value": value(r)}
+                          for r, label in zip(chosen, labels)])
+    table = frame.pivot_table(index="dataset", columns="method", values="value", aggfunc="max")
+    table = table[list(dict.fromkeys(labels))]
+    table.columns.name = None
+    setting = {key: sorted({str(r.info.get(key)) for r in chosen}) for key in ("model", "device", "dtype", "threads")}
+    return table, "; ".join(f"{key} {'/'.join(values)}" for key, values in setting.items())
+
+
 def runtime_section(runs) -> tuple[Section, Section]:
-    finished = [r for r in runs if r.task == "Retention" and r.info and r.model == DEFAULT_MODEL]
-    rows = [{"dataset": r.config["task"]["dataset"], "updates": r.config["task"].get("updates"),
-             "method": label, "threads": r.info.get("threads"),
-             "seconds_per_group": r.info.get("seconds", {}).get("per_group"),
-             **{k: v for k, v in r.info.get("peak_memory", {}).items()}}
-            for r, label in zip(finished, run_labels([r.config for r in finished]))]
-    runtime = Section("tab:runtime", f"Time per group (s; {DEFAULT_MODEL}, CPU, threads as stated)")
-    memory = Section("tab:gpu-memory", f"Peak memory (MB; {DEFAULT_MODEL}): process RSS on CPU, CUDA allocator on GPU")
-    if not rows:
-        runtime.missing = memory.missing = "no finished runs yet"
-        return runtime, memory
-    frame = pd.DataFrame(rows)
-    index = ["dataset", "updates", "threads"]
-    runtime.table = frame.pivot_table(index=index, columns="method", values="seconds_per_group").round(1)
-    peak = [c for c in ("cuda_mb", "cpu_rss_mb") if c in frame]
-    memory.table = frame.pivot_table(index=index, columns="method", values=peak[0], aggfunc="max").round(0)
-    memory.title += f" ({peak[0]})"
+    """`tab:runtime` (seconds per group) and `tab:gpu-memory` (peak memory) from their experiments' runs only."""
+    runtime = Section("tab:runtime", "Time per group (s)")
+    memory = Section("tab:gpu-memory", "Peak memory (GB)")
+    seconds = study_table(runs, "runtime", lambda r: r.info.get("seconds", {}).get("per_group"))
+    peaks = study_table(runs, "gpu_memory", lambda r: peak_gb(r.info.get("peak_memory", {})))
+    for section, found, study in ((runtime, seconds, "runtime"), (memory, peaks, "gpu_memory")):
+        if found is None:
+            section.missing = f"no runs yet: memdefrag experiment={study}"
+            continue
+        section.table, caption = found[0].round(2), found[1]
+        section.title += f"; {caption}"
+    if peaks is not None:
+        memory.after = ("On a GPU the CUDA allocator's peak of each run; on a CPU the process's peak RSS, which "
+                        "covers every job a process ran before (run a sweep with hydra/launcher=local for one "
+                        "process per job).")
     return runtime, memory
+
+
+def peak_gb(peak: dict) -> float | None:
+    """The CUDA allocator's peak where a GPU was used, else the process's peak RSS, in GB."""
+    value = peak.get("cuda_mb", peak.get("cpu_rss_mb"))
+    return None if value is None else value / 1024
 
 
 def longbench_section(root, runs, model: str) -> Section:

@@ -47,8 +47,15 @@ def versions() -> dict[str, str | None]:
     return found
 
 
+def reset_peak_memory() -> None:
+    """Start counting the CUDA allocator's peak afresh (the jobs of a sweep share one process)."""
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
 def peak_memory_mb() -> dict[str, float]:
-    """Process peak RSS, and the CUDA allocator's peak where a GPU is used."""
+    """Process peak RSS (over the whole process: every job it ran so far), and the CUDA allocator's
+    peak since reset_peak_memory where a GPU is used."""
     peak = {"cpu_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if torch.cuda.is_available():
         peak["cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20

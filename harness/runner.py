@@ -16,7 +16,7 @@ from harness import selfcheck, shards
 from harness.errors import ConfigError
 from harness.models import ModelSpec, check_source, load, num_layers
 from harness.plugins import build
-from harness.results import ResultFolder, metrics_table, peak_memory_mb
+from harness.results import ResultFolder, metrics_table, peak_memory_mb, reset_peak_memory
 from methods.forgetting import CapacityError
 from methods.hidden_prefix import HiddenPrefixBackend
 from methods.kv_prefix import KVPrefixBackend
@@ -91,6 +91,7 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
     torch.manual_seed(cfg.seed)
     spec, method, task, forgetting, groups = preflight(cfg)
     folder = ResultFolder(run_dir, cfg, resume=cfg.resume)
+    reset_peak_memory()
     model, tokenizer = load(spec)
     backend = BACKENDS[cfg.backend](model)
     verdict = selfcheck.verify(backend, tokenizer, spec)
@@ -113,7 +114,8 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
     records, group_seconds = folder.records, list(folder.done.values())
     metrics = metrics_table(task, records, label)
     info = {"method": label, "forgetting": cfg.forgetting.label, "capacity": forgetting.capacity,
-            "model": spec.name, "dtype": spec.dtype, "self_check": verdict, "backend": cfg.backend,
+            "model": spec.name, "dtype": spec.dtype, "device": str(model.device), "self_check": verdict,
+            "backend": cfg.backend,
             "formation": cfg.formation, "prompt": cfg.prompt, "groups": len(groups), "threads": torch.get_num_threads(),
             "seconds": {"total": sum(group_seconds), "per_group": sum(group_seconds) / len(groups),
                         "phases": phase_totals(records)},

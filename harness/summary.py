@@ -17,7 +17,7 @@ from harness.results import read_jsonl
 
 # settings a run's label already says, or that do not make it another run
 IMPLIED = ("method._target_", "method.k", "method.label", "forgetting", "task.dataset", "task.eval_steps",
-           "task.groups", "shard", "threads", "logger", "resume")
+           "task.groups", "shard", "threads", "logger", "resume", "study")
 
 
 def run_folders(*roots: str | Path) -> list[Path]:
@@ -95,7 +95,8 @@ def accuracy_table(records: pd.DataFrame, value: str = "correct") -> pd.DataFram
 
 def metrics_of(*roots: str | Path) -> pd.DataFrame:
     """Every finished run's metrics.csv below `roots`, one after the other (tasks that ask no steps)."""
-    frames = [pd.read_csv(folder / "metrics.csv") for folder in run_folders(*roots) if (folder / "metrics.csv").is_file()]
+    frames = [pd.read_csv(folder / "metrics.csv") for folder in run_folders(*roots)
+              if (folder / "metrics.csv").is_file()]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

@@ -10,11 +10,11 @@ from omegaconf import OmegaConf
 from harness.report import write
 
 
-def fake_run(folder, task, method, records, forgetting="unbounded", info=None):
+def fake_run(folder, task, method, records, forgetting="unbounded", info=None, study=None, dataset="nqa"):
     folder.mkdir(parents=True)
-    config = {"task": {"_target_": f"evals.x.{task}", "dataset": "nqa", "updates": 50},
+    config = {"task": {"_target_": f"evals.x.{task}", "dataset": dataset, "updates": 50},
               "method": {"label": method}, "forgetting": {"label": forgetting}, "model": {"name": "smollm2"},
-              "prompt": "chat", "formation": "shared_sink"}
+              "prompt": "chat", "formation": "shared_sink", "study": study}
     (folder / "config.yaml").write_text(OmegaConf.to_yaml(config))
     (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if info:
@@ -34,6 +34,15 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     fading = [{"group": g, "step": s, "correct": s + g < 3, "memory_tokens": 100 * s,
                "density": {"last": [0.5 / s, 0.1], "mean": [0.4 / s, 0.2 * s]}} for g in (0, 1) for s in (1, 2, 3)]
     fake_run(tmp_path / "d" / "c", "Distortion", "vanilla", fading)
+    for dataset, seconds in (("nqa", (64.2, 75.07)), ("squad", (60, 70))):
+        for job, (method, per_group) in enumerate(zip(("vanilla", "memdefrag_top1"), seconds)):   # a sweep's order
+            fake_run(tmp_path / "r" / dataset / f"{job}_{method}", "Retention", method, steps, "informativeness",
+                     {"threads": 1, "model": "llama31_8b", "device": "cuda:0", "dtype": "bfloat16",
+                      "seconds": {"per_group": per_group}}, study="runtime", dataset=dataset)
+    for job, (method, mb) in enumerate((("none", 15 * 1024), ("memdefrag_top2", 19.73 * 1024))):
+        fake_run(tmp_path / "g" / f"{job}_{method}", "Retention", method, steps, "informativeness",
+                 {"threads": 1, "model": "llama31_8b", "device": "cuda:0", "dtype": "bfloat16",
+                  "peak_memory": {"cpu_rss_mb": 3000, "cuda_mb": mb}}, study="gpu_memory")
     scorer = {"bertscore_model": "minilm", "bertscore_layers": 6, "bertscore_rescaled": False}
     fake_run(tmp_path / "l" / "m", "LongBench", "memdefrag_top2",
              [{"group": g, "subset": "fictional_document", "string_match": 100.0 * g, "f1": 50.0 + 50 * g,
@@ -50,7 +59,13 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert "in_band" in readme and "(p/b/tracing.md)" in readme and (tmp_path / "p" / "b" / "tracing.md").is_file()
     assert "smollm2 latent chat shared_sink, 1 groups, target at all 2 positions (p/b)" in readme
     assert "smollm2 text chat shared_sink, 2 groups, target at positions 1/2, one per group (p/t)" in readme
-    assert "12.5" in readme and "900" in readme
+    runtime = readme.split("(`tab:runtime`)")[0].split("## ")[-1] + readme.split("(`tab:runtime`)")[1].split("\n## ")[0]
+    assert "Time per group (s); model llama31_8b; device cuda:0; dtype bfloat16; threads 1" in runtime
+    assert re.search(r"\| dataset +\| +vanilla\+informativeness \| +memdefrag_top1\+informativeness \|", runtime)
+    assert re.search(r"\| nqa +\| +64.2 \| +75.07 \|", runtime) and re.search(r"\| squad +\| +60 +\| +70 +\|", runtime)
+    assert "12.5" not in runtime                                        # a run of another study
+    memory = readme.split("(`tab:gpu-memory`)")[1].split("\n## ")[0]
+    assert re.search(r"\| nqa +\| +15 \| +19.73 \|", memory)
     longbench = readme.split("(`tab:longbench`)")[1].split("\n## ")[0]
     assert re.search(r"\| fictional_document \| memdefrag_top2 \| +50 \| +75 \| +60 \| +40 \| +1.5 \| +2 \|", longbench)
     assert "BERTScore: minilm (layer 6, not rescaled)" in longbench and "`l/m`" in longbench
