@@ -10,6 +10,7 @@ SmolLM2; on a GPU the peak memory is the CUDA allocator's.
 
     memdefrag-bench --sizes 10 26 --threads 1 --out results/speed_cpu.md
     memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --sizes 26 --out results/speed_gpu.md
+    memdefrag-bench --shape llama31_8b --save-random /tmp/llama31_8b   # a checkpoint for `model=hf` runs
 """
 
 from __future__ import annotations
@@ -68,6 +69,17 @@ def build(shape: str | None, device: str, dtype: str):
     return model, check_source(EMBEDDED)[1], chosen.tracer_layer, chosen.query_mode
 
 
+def save_random(shape: str, folder: str, device: str, dtype: str) -> None:
+    """A loadable checkpoint of `shape` with random weights and SmolLM2's tokenizer, for whole harness runs
+    (`memdefrag model=hf model.source=<folder>`) of a real shape where real weights cannot travel."""
+    model, tokenizer, _, _ = build(shape, device, dtype)
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        setattr(model.config, name, getattr(tokenizer, name))
+        setattr(model.generation_config, name, getattr(tokenizer, name))
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
 def timed(session: Session, question: str, repeats: int) -> dict:
     """The fastest of `repeats` answers: its phases, time to first token, per-token and total time."""
     best = None
@@ -100,6 +112,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES), help="a random model of this shape")
     parser.add_argument("--out", default=None, help="also write the table as Markdown here")
+    parser.add_argument("--save-random", metavar="FOLDER", help="only save a random checkpoint of --shape there")
     args = parser.parse_args(argv)
     with stops_on_config_error("memdefrag-bench"):
         numbers = {"--threads": args.threads, "--repeats": args.repeats, "--new-tokens": args.new_tokens,
@@ -108,6 +121,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         if bad:
             raise ConfigError(f"{', '.join(f'{n} {v}' for n, v in bad.items())}: must be >= 1")
         check_device(args.device)
+        if args.save_random and not args.shape:
+            raise ConfigError("--save-random needs --shape (the embedded model has real weights already)")
         Retention(args.dataset, args.data_dir, groups=1, updates=max(args.sizes)).check()
     return args
 
@@ -115,6 +130,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     torch.set_num_threads(args.threads)
+    if args.save_random:
+        save_random(args.shape, args.save_random, args.device, args.dtype)
+        print(args.save_random)
+        return
     model, tokenizer, tracer_layer, query_mode = build(args.shape, args.device, args.dtype)
     methods = {"none": NoMemory(), "vanilla": Vanilla(),
                **{f"memdefrag_top{k}": MemDefrag(k, tracer_layer, query_mode) for k in args.k}}

@@ -21,3 +21,13 @@ def test_the_benchmark_times_every_method_at_a_fixed_answer_length_and_checks_bo
     traced = table[table.method.str.startswith("memdefrag")]
     assert all(0 < float(t) < float(total) for t, total in zip(traced.trace_s, traced.total_s))
     assert all(float(r) == 1.0 for r in table[table.method == "none"].vs_none)
+
+
+def test_a_random_checkpoint_of_a_shape_runs_through_the_harness(tmp_path):
+    from harness.runner import run
+    from tests.conftest import tiny_run_config
+
+    main(["--shape", "tiny", "--save-random", str(tmp_path / "tiny")])
+    cfg = tiny_run_config(str(tmp_path / "tiny"), "method=memdefrag_top2", "task.groups=1")
+    metrics = run(cfg, str(tmp_path / "run"))
+    assert list(metrics["step"]) == [1, 2, 3]

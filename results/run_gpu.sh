@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The GPU figures on one GPU with random weights of Llama-3.1-8B's shape (speed and memory only, never accuracy):
+# the per-question speed table in bf16 and fp16, then the paper's tab:runtime (a 50-update group, Top-1 and
+# vanilla, informativeness forgetting, asked at 10..50) and tab:gpu-memory (step 50, memory full at N_max)
+# through the harness on a saved random checkpoint.
+# Usage: MEMDEFRAG_DATA=<folder with nqa/ and squad/> results/run_gpu.sh   (env OUT, default results/gpu;
+# CKPT, default /tmp/llama31_8b_random). On a lent device machine, carry the data in an ignored folder.
+set -euo pipefail
+out=${OUT:-results/gpu}; ckpt=${CKPT:-/tmp/llama31_8b_random}; data=${MEMDEFRAG_DATA:-../shared/data}
+mkdir -p "$out"
+for dtype in bfloat16 float16; do
+  memdefrag-bench --device cuda --dtype "$dtype" --shape llama31_8b --sizes 10 26 --repeats 3 \
+    --data-dir "$data" --out "$out/speed_gpu_$dtype.md"
+done
+[ -d "$ckpt" ] || memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --save-random "$ckpt"
+model="model=hf model.source=$ckpt model.name=llama31_8b_random model.dtype=bfloat16 model.tracer_layer=13
+       model.query_mode=last model.memory_capacity=12800"
+# shellcheck disable=SC2086
+memdefrag experiment=runtime $model task.groups=2 method=vanilla,memdefrag_top1,memdefrag_top2 \
+  task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime"
+# shellcheck disable=SC2086
+memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none hydra.sweep.dir="$out/gpu_memory"
+memdefrag report results
