@@ -22,13 +22,12 @@ class StopForward(Exception):
     """Raised inside the forward once every traced layer has been seen."""
 
 
-def prompt_attention(module, query, key, value, attention_mask, scaling=None, softcap=None, **_):
-    """The layer's attention output, as its attention function returns it ([1, q_len, heads, d],
-    None), and its head-averaged attention rows [q_len, kv_len] (fp32), from one set of scores.
+def prompt_probabilities(query, key, attention_mask, scaling=None, softcap=None) -> torch.Tensor:
+    """The prompt's attention probabilities [1, heads, q_len, kv_len] (fp32), as the layer computes them.
 
-    query: [1, heads, q_len, d]; key/value: [1, kv_heads, kv_len, d]; the queries are the last
-    q_len positions of the kv_len keys. Query heads are grouped onto their key/value head, so
-    keys and values are never repeated per head.
+    query: [1, heads, q_len, d]; key: [1, kv_heads, kv_len, d]; the queries are the last q_len
+    positions of the kv_len keys. Query heads are grouped onto their key/value head, so keys are
+    never repeated per head.
     """
     _, heads, q_len, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
@@ -44,9 +43,23 @@ def prompt_attention(module, query, key, value, attention_mask, scaling=None, so
         scores.masked_fill_(attention_mask[..., -kv_len:].logical_not(), float("-inf"))
     else:
         scores += attention_mask[..., -kv_len:].float()
-    probs = torch.softmax(scores, dim=-1)
+    return torch.softmax(scores, dim=-1)
+
+
+def attended(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """The attention output [1, q_len, heads, d] of probabilities [1, heads, q_len, kv_len] over
+    value [1, kv_heads, kv_len, d], as the model's attention function returns it."""
+    _, heads, q_len, kv_len = probs.shape
+    kv_heads, dim = value.shape[1], value.shape[-1]
     out = torch.matmul(probs.to(value.dtype).view(1, kv_heads, -1, kv_len), value)
-    return out.view(1, heads, q_len, dim).transpose(1, 2).contiguous(), None, probs.mean(dim=1)[0]
+    return out.view(1, heads, q_len, dim).transpose(1, 2).contiguous()
+
+
+def prompt_attention(module, query, key, value, attention_mask, scaling=None, softcap=None, **_):
+    """The layer's attention output ([1, q_len, heads, d], None), as its attention function returns it,
+    and its head-averaged attention rows [q_len, kv_len] (fp32), from one set of probabilities."""
+    probs = prompt_probabilities(query, key, attention_mask, scaling, softcap)
+    return attended(probs, value), None, probs.mean(dim=1)[0]
 
 
 @contextmanager
@@ -67,10 +80,11 @@ def recording_attention(model, layers: list[int]):
         idx = module.layer_idx
         if idx not in wanted:
             return _inner(impl, module)(module, query, key, value, attention_mask, **kwargs)
-        out, weights, rows[idx] = prompt_attention(module, query, key, value, attention_mask, **kwargs)
+        probs = prompt_probabilities(query, key, attention_mask, kwargs.get("scaling"), kwargs.get("softcap"))
+        rows[idx] = probs.mean(dim=1)[0]
         if idx == last:
-            raise StopForward
-        return out, weights
+            raise StopForward                           # nothing reads this layer's output
+        return attended(probs, value), None
 
     ALL_ATTENTION_FUNCTIONS[impl] = traced
     try:
