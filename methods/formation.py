@@ -119,10 +119,13 @@ class Former:
         cache = DynamicCache()
         watch = watching_rotary(self.model) if self.keep_kv else nullcontext()
         with capture_layer_inputs(self.model) as inputs, watch as rotated:
-            out = self.model(input_ids=ids.view(1, -1).to(device), past_key_values=cache, use_cache=True)
-        logp = torch.log_softmax(out.logits[0, :-1].float(), dim=-1)
-        nll = -logp.gather(1, ids[1:].view(-1, 1).to(device)).squeeze(1)
-        self_info = torch.cat([torch.tensor([float("inf")], device=device), nll]).cpu()
+            out = self.model(input_ids=ids.view(1, -1).to(device), past_key_values=cache, use_cache=True,
+                             logits_to_keep=0 if self.keep_self_info else 1)   # the vocabulary head only if read
+        self_info = torch.full((len(ids),), float("inf"))
+        if self.keep_self_info:
+            logp = torch.log_softmax(out.logits[0, :-1].float(), dim=-1)
+            nll = -logp.gather(1, ids[1:].view(-1, 1).to(device)).squeeze(1)
+            self_info = torch.cat([torch.tensor([float("inf")], device=device), nll]).cpu()
         fragment = Fragment(fid, text, ids, self_info)
         if self.keep_kv:
             keys = Rotary.of(self.model).unrotated(rotated, cache)

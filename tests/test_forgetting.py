@@ -144,3 +144,20 @@ def test_forgetting_keeps_the_backends_equivalent(family_model, tokenizer, strat
     ref_rows = ref.attention_rows(memory, prompt, [layer])[layer]
     torch.testing.assert_close(densities(fast_rows, memory.spans(), "mean"),
                                densities(ref_rows, memory.spans(), "mean"), atol=1e-5, rtol=0)
+
+
+def test_formation_runs_the_vocabulary_head_only_when_self_information_is_read(llama, tokenizer):
+    """Without a forgetting that reads it, formation skips the head over every token: same states, no
+    self-information."""
+    texts = FRAGMENTS[:2]
+    memories = []
+    for keep_self_info in (True, False):
+        former = Former(llama, tokenizer, "shared_sink", keep_kv=True, keep_states=True, keep_self_info=keep_self_info)
+        memory = LatentMemory()
+        for text in texts:
+            former.store(memory, text)
+        memories.append(memory)
+    with_info, without = memories
+    for a, b in zip(with_info.fragments, without.fragments):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) and torch.equal(a.states, b.states)
+        assert torch.isfinite(a.self_info[1:]).all() and torch.isinf(b.self_info).all()
