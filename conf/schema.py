@@ -121,6 +121,23 @@ class CapacitySchema(ForgettingSchema):
 
 
 @dataclass
+class CompressionSchema:
+    _target_: str = MISSING
+    label: str = MISSING
+
+
+@dataclass
+class RateSchema(CompressionSchema):
+    rate: float = 1.0                       # the share of a fragment's tokens kept, in (0, 1]
+
+
+@dataclass
+class LLMLinguaSchema(RateSchema):
+    model: Optional[str] = None             # a hub id or local folder (llmlingua: null = the run's model)
+    device: str = "cpu"
+
+
+@dataclass
 class NullLoggerSchema:
     _target_: str = MISSING
 
@@ -139,6 +156,7 @@ class RunSchema:
     method: Any = MISSING
     task: Any = MISSING
     forgetting: Any = MISSING
+    compression: Any = MISSING
     logger: Any = MISSING
     backend: Backend = Backend.fast
     formation: Formation = Formation.shared_sink
@@ -161,6 +179,9 @@ SCHEMAS = {
     ("task", "longbench_schema"): LongBenchSchema,
     ("forgetting", "forgetting_schema"): ForgettingSchema,
     ("forgetting", "capacity_schema"): CapacitySchema,
+    ("compression", "compression_schema"): CompressionSchema,
+    ("compression", "rate_schema"): RateSchema,
+    ("compression", "llmlingua_schema"): LLMLinguaSchema,
     ("logger", "null_logger_schema"): NullLoggerSchema,
     ("logger", "wandb_schema"): WandbSchema,
 }

@@ -65,6 +65,11 @@ def preflight(cfg: DictConfig):
     if forgetting.layerwise and not method.needs_latent:
         raise ConfigError(f"forgetting={cfg.forgetting.label} drops different tokens at every layer; "
                           f"method={cfg.method.label} has no layers (use a latent method or forgetting=random)")
+    compressor = build(cfg.compression, "compression")
+    try:
+        compressor.check()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     groups = shards.select(task.groups(tokenizer), shard)
     if forgetting.capacity is not None:
         texts = {text for group in groups for text in group.texts()}
@@ -72,7 +77,16 @@ def preflight(cfg: DictConfig):
         if longest > forgetting.capacity:
             raise ConfigError(f"forgetting.capacity={forgetting.capacity} is smaller than a fragment of this task "
                               f"({longest} tokens): raise model.memory_capacity or lower task.max_context_tokens")
-    return spec, method, task, forgetting, groups
+    return spec, method, task, forgetting, compressor, groups
+
+
+def compression_summary(compressor, logs: list[dict]) -> dict:
+    """The compressor, and over every fragment this invocation stored: tokens before and after, the
+    share kept, the seconds it took."""
+    tokens, kept = sum(log["tokens"] for log in logs), sum(log["kept"] for log in logs)
+    return {**compressor.describe(), "fragments": len(logs), "tokens": tokens, "kept": kept,
+            "kept_share": kept / tokens if tokens else None, "seconds": sum(log["seconds"] for log in logs),
+            "per_fragment": logs}
 
 
 def phase_totals(records: list[dict]) -> dict[str, float]:
@@ -89,7 +103,7 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    spec, method, task, forgetting, groups = preflight(cfg)
+    spec, method, task, forgetting, compressor, groups = preflight(cfg)
     folder = ResultFolder(run_dir, cfg, resume=cfg.resume)
     reset_peak_memory()
     model, tokenizer = load(spec)
@@ -97,12 +111,13 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
     verdict = selfcheck.verify(backend, tokenizer, spec)
     label = cfg.method.label
     formed = formed_fragments(spec)
+    compressed: list[dict] = []
     if folder.done:
         log.info("resuming %s: %d of %d groups already finished", run_dir, len(folder.done), len(groups))
     for group in tqdm([g for g in groups if g.index not in folder.done], desc=f"{label} groups", unit="group",
                       initial=len(folder.done), total=len(groups)):
         session = Session(model, tokenizer, backend, method, cfg.formation, cfg.prompt, cfg.max_new_tokens,
-                          reuse=formed, forgetting=forgetting.for_group(group.index))
+                          reuse=formed, forgetting=forgetting.for_group(group.index), compressor=compressor)
         start = time.perf_counter()
         try:
             for record in task.run_group(session, group):
@@ -111,11 +126,12 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
         except CapacityError as err:
             raise ConfigError(f"group {group.index}: {err} (finished groups are kept in {run_dir})") from None
         folder.end_group(group.index, time.perf_counter() - start)
+        compressed += [{"group": group.index, **log} for log in session.compressed]
     records, group_seconds = folder.records, list(folder.done.values())
     metrics = metrics_table(task, records, label)
     info = {"method": label, "forgetting": cfg.forgetting.label, "capacity": forgetting.capacity,
             "model": spec.name, "dtype": spec.dtype, "device": str(model.device), "self_check": verdict,
-            "backend": cfg.backend,
+            "backend": cfg.backend, "compression": compression_summary(compressor, compressed),
             "formation": cfg.formation, "prompt": cfg.prompt, "groups": len(groups), "threads": torch.get_num_threads(),
             "seconds": {"total": sum(group_seconds), "per_group": sum(group_seconds) / len(groups),
                         "phases": phase_totals(records)},

@@ -16,8 +16,8 @@ from harness.results import read_jsonl
 
 
 # settings a run's label already says, or that do not make it another run
-IMPLIED = ("method._target_", "method.k", "method.label", "forgetting", "task.dataset", "task.eval_steps",
-           "task.groups", "shard", "threads", "logger", "resume", "study")
+IMPLIED = ("method._target_", "method.k", "method.label", "forgetting", "compression", "task.dataset",
+           "task.eval_steps", "task.groups", "shard", "threads", "logger", "resume", "study")
 
 
 def run_folders(*roots: str | Path) -> list[Path]:
@@ -42,7 +42,7 @@ def records_of(folders: list[Path]) -> pd.DataFrame:
 
 
 def run_labels(configs: list[dict]) -> list[str]:
-    """`method[+forgetting]`, then `name=value` for each other setting that differs between runs."""
+    """`method[+forgetting][+compressor@rate]`, then `name=value` for each other setting that differs between runs."""
     flats = [_flatten(c) for c in configs]
     keys = set().union(*flats) if flats else set()
     varying = sorted(k for k in keys if not any(k == i or k.startswith(i + ".") for i in IMPLIED)
@@ -51,6 +51,9 @@ def run_labels(configs: list[dict]) -> list[str]:
     for config, flat in zip(configs, flats):
         forgetting = config.get("forgetting", {}).get("label", "unbounded")
         label = config["method"]["label"] + ("" if forgetting == "unbounded" else f"+{forgetting}")
+        compression = config.get("compression", {"label": "none"})
+        if compression["label"] != "none":
+            label += f"+{compression['label']}@{compression['rate']:g}"
         labels.append(" ".join([label, *(f"{k.rsplit('.', 1)[-1]}={flat[k]}" for k in varying if k in flat)]))
     return labels
 

@@ -69,10 +69,14 @@ class Former:
         return (f"Former({self.formation}, kv={self.keep_kv}, states={self.keep_states}, "
                 f"self_info={self.keep_self_info})")
 
-    def token_ids(self, text: str, first: bool) -> torch.Tensor:
-        """The ids prefilled for `text`: a leading sink position where the formation has one."""
+    def token_ids(self, text: str, first: bool, kept: list[int] | None = None) -> torch.Tensor:
+        """The ids prefilled for `text` (or for the ids `kept` of it by a compressor): a leading sink
+        position where the formation has one."""
         special = self.formation == "reference" and first
-        ids = self.tokenizer(text, add_special_tokens=special)["input_ids"]
+        if kept is None:
+            ids = self.tokenizer(text, add_special_tokens=special)["input_ids"]
+        else:                                   # the tokenizer's leading special tokens, then the kept ids
+            ids = [*self.tokenizer("", add_special_tokens=special)["input_ids"], *kept]
         if self.formation == "shared_sink":
             ids = [sink_token_id(self.tokenizer), *ids]
         return torch.tensor(ids, dtype=torch.long)
@@ -83,14 +87,16 @@ class Former:
         memory.append(fragment)
         return fragment
 
-    def next_fragment(self, memory: LatentMemory, text: str, reuse: bool = False) -> Fragment:
+    def next_fragment(self, memory: LatentMemory, text: str, reuse: bool = False,
+                      kept: list[int] | None = None) -> Fragment:
         """Form `text` as the next fragment of `memory`; the first fragment also gives the sink.
 
         reuse: keep the formed states to serve the same text again (formation is
-        deterministic), e.g. distractors that every group stores.
+        deterministic), e.g. distractors that every group stores. kept: the ids a compressor
+        kept of `text`, formed instead of its tokenization.
         """
         first = memory.sink is None
-        whole = self.form(self.token_ids(text, first), text, reuse)
+        whole = self.form(self.token_ids(text, first, kept), text, reuse)
         has_sink_position = self.formation == "shared_sink" or first
         if has_sink_position:
             sink, whole = whole.take(torch.tensor([0])), whole.take(torch.arange(1, len(whole)))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from methods.base import Method
+from methods.compression import Compressor, NoCompression
 from methods.forgetting import Forgetting, NoForgetting
 from methods.formation import Former
 from methods.generation import clock, greedy, stop_ids
@@ -47,10 +48,13 @@ class Answer:
 
 class Session:
     def __init__(self, model, tokenizer, backend, method: Method, formation: str, prompt: str,
-                 max_new_tokens: int = 32, reuse: dict | None = None, forgetting: Forgetting | NoForgetting | None = None):
+                 max_new_tokens: int = 32, reuse: dict | None = None,
+                 forgetting: Forgetting | NoForgetting | None = None, compressor: Compressor | None = None):
         self.model, self.tokenizer, self.backend, self.method = model, tokenizer, backend, method
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
         self.forgetting = forgetting or NoForgetting()
+        self.compressor = compressor or NoCompression()
+        self.compressed: list[dict] = []    # per stored fragment under compression: tokens before and after
         latent = method.needs_latent
         self.former = Former(model, tokenizer, formation, keep_kv=latent and backend.keep_kv,
                              keep_states=latent and backend.keep_states, reuse=reuse,
@@ -64,10 +68,17 @@ class Session:
         """Form one fragment and admit it, forgetting to stay within capacity; returns its id.
         reuse: the text recurs (see Former.next_fragment)."""
         start = clock(self.model.device)
-        fragment = self.former.next_fragment(self.memory, text, reuse)
+        kept = self.compressor(text, self.model, self.tokenizer)
+        compressed = clock(self.model.device)
+        if kept is not None:
+            before = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            self.compressed.append({"tokens": before, "kept": len(kept), "seconds": compressed - start})
+            text = self.tokenizer.decode(kept)
+        fragment = self.former.next_fragment(self.memory, text, reuse, kept)
         formed = clock(self.model.device)
         self.forgetting.admit(self.memory, fragment)
-        self.update_seconds = {"formation": formed - start, "forgetting": clock(self.model.device) - formed}
+        self.update_seconds = {"compression": compressed - start, "formation": formed - compressed,
+                               "forgetting": clock(self.model.device) - formed}
         return fragment.fid
 
     @torch.no_grad()

@@ -104,6 +104,11 @@ CASES = [
     (["task=longbench", "task.overflow=wrap"], "task.overflow: Invalid value 'wrap'"),
     (["task=longbench", "task.prompt=fancy"], "task.prompt: Invalid value 'fancy'"),
     (["task=longbench", "task.bertscore_layers=0"], "task.bertscore_layers=0 must be >= 1"),
+    (["compression=self_information", "compression.rate=0"], "compression.rate=0.0 must lie in (0, 1]"),
+    (["compression=self_information", "compression.rate=1.5"], "compression.rate=1.5 must lie in (0, 1]"),
+    (["compression=self_information", "compression.rate=half"], "compression.rate: Value 'half'"),
+    (["compression=nosuch"], "Could not find 'compression/nosuch'"),
+    (["compression=none", "compression.rate=0.5"], "compression.rate: Key 'rate' not in 'CompressionSchema'"),
     # a sweep: every job is checked before the first one starts
     (["-m", "method=vanilla,memdefrag", "model.tracer_layer=40"], "method.tracer_layer=40 is out of range: this "
      "model has 30 decoder layers, allowed 0..29 (job method=memdefrag model.tracer_layer=40"),
