@@ -42,6 +42,11 @@ class Run:
         return self.config["model"]["name"]
 
     @property
+    def study(self) -> str | None:
+        """The experiment that made the run, where its tables take only their own runs."""
+        return self.config.get("study")
+
+    @property
     def bounded(self) -> bool:
         return self.config.get("forgetting", {}).get("label", "unbounded") != "unbounded"
 
@@ -67,7 +72,8 @@ def runs_under(root: Path) -> list[Run]:
 
 def retention_section(root, runs, label, title, bounded, figures, model: str | None = None) -> Section:
     """model: only that model's runs (None: any)."""
-    chosen = [r for r in runs if r.task == "Retention" and r.bounded == bounded and model in (None, r.model)]
+    chosen = [r for r in runs if r.task == "Retention" and r.bounded == bounded and model in (None, r.model)
+              and not r.study]
     if not chosen:
         need = "memdefrag experiment=retention_comparison (results/run_forgetting.sh)" if bounded else \
             "results/run_accuracy.sh"
@@ -78,10 +84,29 @@ def retention_section(root, runs, label, title, bounded, figures, model: str | N
     return Section(label, title, table, figure=str(figure.relative_to(root)))
 
 
+def compression_section(root, runs, figures) -> tuple[Section, Section]:
+    """`tab:compression_comparison`: accuracy per step and the target's mean rank, a column per compressor
+    and kept-token ratio (100 % = uncompressed), from that experiment's runs."""
+    accuracy = Section("tab:compression_comparison", "Compression before formation: accuracy (%) per step, "
+                       "a column per compressor@kept-token ratio")
+    rank = Section("tab:compression_rank", "Compression before formation: mean density rank of the target")
+    chosen = [r for r in runs if r.study == "compression_comparison"]
+    if not chosen:
+        accuracy.missing = rank.missing = "no runs yet: memdefrag experiment=compression_comparison"
+        return accuracy, rank
+    records = records_of([r.folder for r in chosen])
+    accuracy.table = accuracy_table(records)
+    figure = figures / "compression_comparison.png"
+    accuracy_curves(accuracy.table, figure)
+    accuracy.figure = str(figure.relative_to(root))
+    rank.table = accuracy_table(records, value="target_rank")
+    return accuracy, rank
+
+
 def bounded_step_section(runs, label: str, title: str, value: str) -> Section:
     """A per-step table of the forgetting runs: mean `value` per question ('seconds': the update's
     formation and forgetting plus the question's phases)."""
-    chosen = [r for r in runs if r.task == "Retention" and r.bounded]
+    chosen = [r for r in runs if r.task == "Retention" and r.bounded and not r.study]
     if not chosen:
         return Section(label, title, missing="no runs yet: memdefrag experiment=forgetting_ablation")
     records = records_of([r.folder for r in chosen])
@@ -149,7 +174,7 @@ def distortion_section(root, runs) -> Section:
 def study_table(runs, study: str, value) -> tuple[pd.DataFrame, str] | None:
     """Datasets as rows, methods as columns (in run order): value(run) of the runs of one experiment
     (`study`); and a caption naming model, device, dtype and threads. None without such runs."""
-    chosen = [r for r in runs if r.config.get("study") == study and r.info]
+    chosen = [r for r in runs if r.study == study and r.info]
     if not chosen:
         return None
     labels = run_labels([r.config for r in chosen])
@@ -227,7 +252,6 @@ def speed_section(root: Path) -> Section:
 
 NOT_YET = {
     "tab:defrag_memoryllm_mplus": "MemoryLLM / M+ with defragmentation: the baselines are not built yet",
-    "tab:compression_comparison": "prompt compression (LLMLingua-2): not built yet",
     "tab:larger_backbones": "no results: run experiment=larger_backbones on GPUs with the real weights",
 }
 
@@ -253,6 +277,7 @@ def build(root: Path) -> list[Section]:
                              "seconds"),
         *(longbench_section(root, runs, model)
           for model in [DEFAULT_MODEL, *sorted({r.model for r in runs if r.task == "LongBench"} - {DEFAULT_MODEL})]),
+        *compression_section(root, runs, figures),
         probe_section(root, runs),
         distortion_section(root, runs),
         tracer_summary_section(),

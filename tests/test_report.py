@@ -10,11 +10,13 @@ from omegaconf import OmegaConf
 from harness.report import write
 
 
-def fake_run(folder, task, method, records, forgetting="unbounded", info=None, study=None, dataset="nqa"):
+def fake_run(folder, task, method, records, forgetting="unbounded", info=None, study=None, dataset="nqa",
+             compression=None):
     folder.mkdir(parents=True)
     config = {"task": {"_target_": f"evals.x.{task}", "dataset": dataset, "updates": 50},
               "method": {"label": method}, "forgetting": {"label": forgetting}, "model": {"name": "smollm2"},
-              "prompt": "chat", "formation": "shared_sink", "study": study}
+              "prompt": "chat", "formation": "shared_sink", "study": study,
+              "compression": compression or {"label": "none"}}
     (folder / "config.yaml").write_text(OmegaConf.to_yaml(config))
     (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if info:
@@ -43,6 +45,10 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
         fake_run(tmp_path / "g" / f"{job}_{method}", "Retention", method, steps, "informativeness",
                  {"threads": 1, "model": "llama31_8b", "device": "cuda:0", "dtype": "bfloat16",
                   "peak_memory": {"cpu_rss_mb": 3000, "cuda_mb": mb}}, study="gpu_memory")
+    for job, rate in enumerate((0.3, 1.0)):
+        fake_run(tmp_path / "c" / f"{job}_top3", "Retention", "memdefrag_top3",
+                 [{"group": 0, "step": 10, "correct": rate < 1, "target_rank": 1}], "informativeness",
+                 study="compression_comparison", compression={"label": "self_information", "rate": rate})
     scorer = {"bertscore_model": "minilm", "bertscore_layers": 6, "bertscore_rescaled": False}
     fake_run(tmp_path / "l" / "m", "LongBench", "memdefrag_top2",
              [{"group": g, "subset": "fictional_document", "string_match": 100.0 * g, "f1": 50.0 + 50 * g,
@@ -66,6 +72,10 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert "12.5" not in runtime                                        # a run of another study
     memory = readme.split("(`tab:gpu-memory`)")[1].split("\n## ")[0]
     assert re.search(r"\| nqa +\| +15 \| +19.73 \|", memory)
+    compressed = readme.split("(`tab:compression_comparison`)")[1].split("\n## ")[0]
+    assert re.search(r"\| +memdefrag_top3\+informativeness\+self_information@0.3 \|", compressed)
+    assert re.search(r"\| nqa +\| 10 +\| +100 \| +0 \|", compressed)
+    assert "self_information" not in readme.split("(`tab:retention_comparison`)")[1].split("\n## ")[0]
     longbench = readme.split("(`tab:longbench`)")[1].split("\n## ")[0]
     assert re.search(r"\| fictional_document \| memdefrag_top2 \| +50 \| +75 \| +60 \| +40 \| +1.5 \| +2 \|", longbench)
     assert "BERTScore: minilm (layer 6, not rescaled)" in longbench and "`l/m`" in longbench
