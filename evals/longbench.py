@@ -332,5 +332,7 @@ def scores_by_subset(records: list[dict], by: tuple[str, ...] = ("subset",)) -> 
 
 def longbench_table(records: list[dict]) -> pd.DataFrame:
     """`tab:longbench`: one block per set, a row per run (records labelled with `run`), the metrics as columns."""
-    table = scores_by_subset(records, ("subset", "run")).set_index(["subset", "run"])
-    return table.drop(columns=["chunks", "memory_tokens"])
+    table = scores_by_subset(records, ("subset", "run"))
+    first_seen = {subset: i for i, subset in enumerate(dict.fromkeys(table["subset"]))}
+    table = table.sort_values("subset", key=lambda column: column.map(first_seen), kind="stable")
+    return table.set_index(["subset", "run"]).drop(columns=["chunks", "memory_tokens"])

@@ -52,6 +52,7 @@ SHAPES = {
     "tiny": Shape(dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768), 1, "mean"),
 }
+METHODS = ("none", "vanilla", "memdefrag")
 EMBEDDED = ModelSpec("smollm2", "smollm2", tracer_layer=18, query_mode="mean")
 
 
@@ -105,6 +106,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 26], help="stored fragments per point")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="what to time")
     parser.add_argument("--k", type=int, nargs="+", default=[1, 2], help="MemDefrag Top-K values to time")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens every method generates")
     parser.add_argument("--hidden-prefix", action="store_true", help="also time the paper's formulation")
@@ -137,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer, tracer_layer, query_mode = build(args.shape, args.device, args.dtype)
     methods = {"none": NoMemory(), "vanilla": Vanilla(),
                **{f"memdefrag_top{k}": MemDefrag(k, tracer_layer, query_mode) for k in args.k}}
+    methods = {name: m for name, m in methods.items() if name.split("_top")[0] in args.methods}
     backends = {"fast": KVPrefixBackend(model)}
     if args.hidden_prefix:
         backends["hidden_prefix"] = HiddenPrefixBackend(model)

@@ -212,12 +212,20 @@ def peak_gb(peak: dict) -> float | None:
     return None if value is None else value / 1024
 
 
+BASELINES = ("none", "text", "vanilla")       # the rows a table of methods starts with, in this order
+
+
+def baselines_first(run: Run) -> tuple[int, str]:
+    label = run.config["method"]["label"]
+    return (BASELINES.index(label), "") if label in BASELINES else (len(BASELINES), label)
+
+
 def longbench_section(root, runs, model: str) -> Section:
     """Methods as rows, the four metrics (x100) as columns, one block per set; the BERTScore model named."""
     label = "tab:longbench" + ("" if model == DEFAULT_MODEL else f"_{model}")
     title = "LongBench: string match, F1, ROUGE-L, BERTScore (x100), mean rank of the answer's chunk" + \
         ("" if model == DEFAULT_MODEL else f" ({model})")
-    chosen = [r for r in runs if r.task == "LongBench" and r.model == model]
+    chosen = sorted((r for r in runs if r.task == "LongBench" and r.model == model), key=baselines_first)
     if not chosen:
         return Section(label, title, missing="no runs yet: memdefrag experiment=longbench")
     records = [{**record, "run": run_label} for run, run_label in zip(chosen, run_labels([r.config for r in chosen]))

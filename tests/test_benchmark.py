@@ -31,3 +31,11 @@ def test_a_random_checkpoint_of_a_shape_runs_through_the_harness(tmp_path):
     cfg = tiny_run_config(str(tmp_path / "tiny"), "method=memdefrag_top2", "task.groups=1")
     metrics = run(cfg, str(tmp_path / "run"))
     assert list(metrics["step"]) == [1, 2, 3]
+
+
+def test_the_benchmark_times_only_the_methods_asked_for(tmp_path):
+    out = tmp_path / "speed.md"
+    main(["--shape", "tiny", "--sizes", "2", "--new-tokens", "2", "--repeats", "1", "--methods", "vanilla",
+          "--out", str(out)])
+    rows = out.read_text().splitlines()[4:]
+    assert len(rows) == 1 and "| vanilla " in rows[0]

@@ -47,8 +47,8 @@ def test_a_dominant_target_is_ranked_first_at_every_position(llama, tokenizer):
     probe = Probe("synthetic", fragments=4)
     original = session.former.next_fragment
 
-    def dominant_target(memory, text, reuse=False):              # the target's keys at layer 1 dominate
-        fragment = original(memory, text, reuse)
+    def dominant_target(memory, text, reuse=False, kept=None):   # the target's keys at layer 1 dominate
+        fragment = original(memory, text, reuse, kept)
         if text.startswith("the cat"):
             fragment.keys[1] = 50.0
         return fragment
