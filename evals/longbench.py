@@ -295,12 +295,11 @@ class LongBench:
 
     def run_group(self, session, item: Item) -> Iterator[dict]:
         """Store every chunk in order, ask once."""
-        formation = forgetting = 0.0
-        ids = []
+        ids, updates = [], {}                       # seconds per phase of storing (formation, ...), summed
         for text in item.chunks:
             ids.append(session.store(text))
-            formation += session.update_seconds["formation"]
-            forgetting += session.update_seconds["forgetting"]
+            for phase, seconds in session.update_seconds.items():
+                updates[phase] = updates.get(phase, 0.0) + seconds
         text, style = self.question(item)
         answer = session.ask(text, prompt=style, max_new_tokens=self.answer_lengths[item.subset])
         holding = [fid for fid, chunk_text in zip(ids, item.chunks)
@@ -315,7 +314,7 @@ class LongBench:
             "used_tokens": answer.memory_tokens,
             "answer_chunks": [ids.index(fid) for fid in holding],
             "target_rank": min(target_ranks) if target_ranks else None,
-            "seconds": {"formation": formation, "forgetting": forgetting, **answer.seconds},
+            "seconds": {**updates, **answer.seconds},
             **self.bertscore.describe(),
         }
 

@@ -146,3 +146,14 @@ def test_an_llmlingua2_run_goes_end_to_end(tmp_path, tiny_checkpoint, tiny_llmli
     info = json.loads((tmp_path / "run.json").read_text())["compression"]
     assert info["compressor"] == "llmlingua2" and info["model"] == tiny_llmlingua2
     assert info["fragments"] == 2 * 3 and 0 < info["kept_share"] < 1
+
+
+@pytest.mark.parametrize("task", ["task=longbench", "task=probe"])
+def test_every_task_that_stores_fragments_stores_them_compressed(tmp_path, tiny_checkpoint, task):
+    overrides = ["task.groups=1", "task.max_tokens=100000"] if task == "task=longbench" else \
+        ["task.groups=1", "task.fragments=3", "task.layers=[0,1]"]
+    cfg = tiny_run_config(tiny_checkpoint, task, *overrides, "compression=self_information", "compression.rate=0.5",
+                          "method=vanilla", small_task=False)
+    run(cfg, str(tmp_path))
+    info = json.loads((tmp_path / "run.json").read_text())["compression"]
+    assert info["fragments"] > 2 and abs(info["kept_share"] - 0.5) < 0.02
