@@ -133,8 +133,14 @@ class RateSchema(CompressionSchema):
 
 @dataclass
 class LLMLinguaSchema(RateSchema):
-    model: Optional[str] = None             # a hub id or local folder (llmlingua: null = the run's model)
+    model: Optional[str] = None             # a hub id or local folder
     device: str = "cpu"
+
+
+@dataclass
+class IterativeSchema(RateSchema):
+    model: Optional[str] = None             # a local causal LM; null = the run's own model
+    segment_tokens: int = 50                # the iteration window
 
 
 @dataclass
@@ -182,6 +188,7 @@ SCHEMAS = {
     ("compression", "compression_schema"): CompressionSchema,
     ("compression", "rate_schema"): RateSchema,
     ("compression", "llmlingua_schema"): LLMLinguaSchema,
+    ("compression", "iterative_schema"): IterativeSchema,
     ("logger", "null_logger_schema"): NullLoggerSchema,
     ("logger", "wandb_schema"): WandbSchema,
 }

@@ -11,6 +11,7 @@ from methods.compression import NoCompression, kept_count
 from methods.forgetting import Informativeness
 from methods.hidden_prefix import HiddenPrefixBackend
 from methods.kv_prefix import KVPrefixBackend
+from methods.llmlingua import LLMLingua, segment_quotas
 from methods.llmlingua2 import LLMLingua2, offline_encoding
 from methods.self_information import SelfInformation, self_information
 from methods.session import Session
@@ -32,6 +33,57 @@ def test_self_information_keeps_the_share_in_order_and_the_most_informative(llam
         info = self_information(llama, tokenizer, ids)
         if not chosen.all():
             assert info[chosen].min() >= info[~chosen].max()
+
+
+@pytest.mark.parametrize("rate", [0.3, 0.5, 0.8, 1.0])
+@pytest.mark.parametrize("segment_tokens", [4, 7, 1000])
+def test_llmlingua_keeps_the_share_in_order_scoring_each_segment_after_what_was_kept(llama, tokenizer, rate,
+                                                                                      segment_tokens):
+    compressor = LLMLingua(rate, segment_tokens=segment_tokens)
+    for text in FRAGMENTS:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        positions = compressor.positions(ids, llama, tokenizer)
+        assert len(positions) == kept_count(len(ids), rate) and positions == sorted(set(positions))
+        assert compressor.compress(text, llama, tokenizer) == [ids[p] for p in positions]
+        assert LLMLingua(rate, segment_tokens=segment_tokens).compress(text, llama, tokenizer) == \
+            compressor.compress(text, llama, tokenizer)                                   # deterministic
+        if segment_tokens >= len(ids):      # one segment: the fragment's own self-information decides
+            assert positions == SelfInformation(rate).positions(ids, llama, tokenizer)
+    # a later segment is scored after the compressed text, not the original one
+    ids = tokenizer(FRAGMENTS[0], add_special_tokens=False)["input_ids"]
+    first = LLMLingua(0.5, segment_tokens=4).positions(ids, llama, tokenizer)
+    kept_first = [p for p in first if p < 4]
+    info = self_information(llama, tokenizer, [ids[p] for p in kept_first] + ids[4:8])[len(kept_first):]
+    expected = sorted(4 + i for i in (-info).sort(stable=True).indices[:len([p for p in first if 4 <= p < 8])])
+    assert [p for p in first if 4 <= p < 8] == expected
+
+
+def test_segment_quotas_add_up_to_the_kept_count():
+    for tokens in (1, 5, 17, 100, 513):
+        for kept in {1, tokens // 3 or 1, tokens}:
+            for segment in (1, 4, 50, 1000):
+                quotas = segment_quotas(tokens, kept, segment)
+                lengths = [min(segment, tokens - s) for s in range(0, tokens, segment)]
+                assert sum(quotas) == kept and all(0 <= q <= n for q, n in zip(quotas, lengths))
+
+
+def test_llmlingua_scores_with_another_local_model_and_reads_its_text_back(llama, tokenizer, tiny_checkpoint):
+    compressor = LLMLingua(0.5, model=tiny_checkpoint, segment_tokens=5)
+    compressor.check()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    scorer, scorer_tokenizer = AutoModelForCausalLM.from_pretrained(tiny_checkpoint), \
+        AutoTokenizer.from_pretrained(tiny_checkpoint)
+    as_own_model = LLMLingua(0.5, segment_tokens=5).compress(FRAGMENTS[1], scorer, scorer_tokenizer)
+    assert compressor.compress(FRAGMENTS[1], llama, tokenizer) == \
+        tokenizer(scorer_tokenizer.decode(as_own_model), add_special_tokens=False)["input_ids"]
+    assert compressor.describe()["model"] == tiny_checkpoint
+
+
+def test_llmlingua_refuses_a_scoring_model_it_cannot_have_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="compression.model='nobody/missing' is neither a folder"):
+        LLMLingua(0.5, model="nobody/missing").check()
 
 
 def test_no_compression_forms_the_text_as_it_is(llama, tokenizer):
