@@ -51,6 +51,47 @@ class PrefixLayer(DynamicLayer):
         self._expose()
 
 
+class Placed:
+    """The memory's keys (rotated to their positions) and values for the first `n_layers` layers, in one
+    buffer that outlives a cache built on it: a later cache of a memory whose leading fragments are the
+    same objects (fragments are never changed in place) keeps their placed keys and places only the
+    rest. A trace's cache is dropped when its rows are read, so the trace keeps one of these between
+    questions; a cache that is decoded with gets a buffer of its own."""
+
+    def __init__(self, model, n_layers: int):
+        self.model, self.n_layers = model, n_layers
+        self.fragments: list = []                   # sink and fragments placed in the buffer, in order
+        self.keys = self.values = None              # [n_layers, kv_heads, capacity, head_dim]
+
+    def cache(self, memory: LatentMemory, room: int) -> Cache:
+        frags = [memory.sink, *memory.fragments]
+        total = sum(len(f) for f in frags)
+        kept = 0
+        while kept < min(len(frags), len(self.fragments)) and frags[kept] is self.fragments[kept]:
+            kept += 1
+        start = sum(len(f) for f in frags[:kept])
+        if self.keys is None or self.keys.shape[2] < total + room:
+            self._allocate(frags[0].keys, (total + room) * 9 // 8, start)    # room for a few more updates
+        rotary = Rotary.of(self.model)
+        tables = rotary.tables(total, self.keys) if kept < len(frags) else None
+        for f in frags[kept:]:
+            end = start + len(f)
+            rotary.place(self.keys[:, :, start:end], f.keys[: self.n_layers].to(self.keys.device), tables, start)
+            self.values[:, :, start:end] = f.values[: self.n_layers].to(self.keys.device)
+            start = end
+        self.fragments = frags
+        return Cache(layers=[PrefixLayer(self.keys[i:i + 1], self.values[i:i + 1], total)
+                             for i in range(self.n_layers)])
+
+    def _allocate(self, like: torch.Tensor, size: int, keep: int) -> None:
+        """A buffer of `size` positions holding the first `keep` placed ones of the old buffer."""
+        keys = like.new_empty(self.n_layers, like.shape[1], size, like.shape[3], device=self.model.device)
+        values = torch.empty_like(keys)
+        if keep:
+            keys[:, :, :keep], values[:, :, :keep] = self.keys[:, :, :keep], self.values[:, :, :keep]
+        self.keys, self.values = keys, values
+
+
 class KVPrefixBackend:
     """Runs prompts against a memory given as rotated keys/values."""
 
@@ -59,6 +100,7 @@ class KVPrefixBackend:
 
     def __init__(self, model):
         self.model = model
+        self.traced: Placed | None = None     # the last trace's placed memory, kept for the next question
 
     @staticmethod
     def check(model_config) -> None:
@@ -69,22 +111,7 @@ class KVPrefixBackend:
 
     def cache(self, memory: LatentMemory, room: int, layers: int | None = None) -> Cache:
         """A cache holding the memory of `layers` first layers at positions 0..N, with `room` to grow."""
-        n_layers = layers or self.model.config.get_text_config().num_hidden_layers
-        frags = [memory.sink, *memory.fragments]
-        total = sum(len(f) for f in frags)
-        ref = memory.sink.keys
-        device = self.model.device
-        keys = ref.new_empty(n_layers, ref.shape[1], total + room, ref.shape[3], device=device)
-        values = torch.empty_like(keys)
-        rotary = Rotary.of(self.model)
-        tables = rotary.tables(total, keys)
-        start = 0
-        for f in frags:
-            end = start + len(f)
-            rotary.place(keys[:, :, start:end], f.keys[:n_layers].to(device), tables, start)
-            values[:, :, start:end] = f.values[:n_layers].to(device)
-            start = end
-        return Cache(layers=[PrefixLayer(keys[i:i + 1], values[i:i + 1], total) for i in range(n_layers)])
+        return Placed(self.model, layers or self.model.config.get_text_config().num_hidden_layers).cache(memory, room)
 
     @torch.no_grad()
     def prefill(self, memory: LatentMemory, prompt_ids: torch.Tensor, room: int = 64):
@@ -98,7 +125,9 @@ class KVPrefixBackend:
     def attention_rows(self, memory: LatentMemory, prompt_ids: torch.Tensor, layers: list[int]):
         """Head-averaged prompt rows [p, 1+N+p] of `layers`; stops after the last of them."""
         upto = max(layers) + 1
-        cache = self.cache(memory, room=len(prompt_ids), layers=upto)
+        if self.traced is None or self.traced.n_layers != upto:
+            self.traced = Placed(self.model, upto)
+        cache = self.traced.cache(memory, room=len(prompt_ids))
         return rows_after(self.model, cache, prompt_ids, 1 + memory.n_tokens, layers)
 
 

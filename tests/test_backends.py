@@ -59,6 +59,28 @@ def test_fast_backend_never_recomputes_the_prefix(llama, tokenizer):
     assert seen == [3]
 
 
+def test_a_trace_reuses_what_did_not_move_and_gives_the_same_rows_bit_for_bit(family_model, tokenizer):
+    """The trace keeps the placed memory between questions; after appends, reorders, selections,
+    forgetting and another prompt its rows equal a fresh backend's exactly."""
+    memory = formed(family_model, tokenizer, "shared_sink", FRAGMENTS[:3])
+    grown = formed(family_model, tokenizer, "shared_sink", FRAGMENTS)
+    grown.fragments[:3] = memory.fragments                      # the same objects, two appended
+    forgotten = LatentMemory(grown.sink, list(grown.fragments))
+    forgotten.keep(1, torch.arange(0, len(grown.fragments[1]), 2))
+    first = torch.arange(min(len(f) for f in grown.fragments))
+    same_length = [LatentMemory(grown.sink, [grown.fragments[i].take(first)]) for i in (0, 1)]
+    layers = [0, family_model.config.num_hidden_layers // 2]
+    resident = KVPrefixBackend(family_model)
+    for view, prompt in [(memory, "where is the cat?"), (memory, "who?"), (grown, "who?"),
+                         (grown.arranged([0, 1, 4, 3, 2]), "who?"), (grown.arranged([4, 0]), "where?"),
+                         (forgotten, "where is the cat?"), (memory, "where is the cat?"),
+                         (same_length[0], "who?"), (same_length[1], "who?")]:
+        ids = torch.tensor(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        reused, fresh = resident.attention_rows(view, ids, layers), KVPrefixBackend(family_model).attention_rows(
+            view, ids, layers)
+        assert all(torch.equal(reused[layer], fresh[layer]) for layer in layers)
+
+
 def test_tracing_stops_at_the_traced_layer(llama, tokenizer):
     memory = formed(llama, tokenizer, "shared_sink")
     ran = []
