@@ -95,12 +95,27 @@ def compression_section(root, runs, figures) -> tuple[Section, Section]:
         accuracy.missing = rank.missing = "no runs yet: memdefrag experiment=compression_comparison"
         return accuracy, rank
     records = records_of([r.folder for r in chosen])
+    records["run"], shared = compressor_columns(records["run"])
     accuracy.table = accuracy_table(records)
     figure = figures / "compression_comparison.png"
     accuracy_curves(accuracy.table, figure)
     accuracy.figure = str(figure.relative_to(root))
     rank.table = accuracy_table(records, value="target_rank")
+    accuracy.after = rank.after = f"Every run: {shared}. 1 = every token kept (no compression). " \
+        + "; ".join(f"{r.config['task']['dataset']}: N_max {r.config['model'].get('memory_capacity') or 'unbounded'}"
+                    for r in {r.config['task']['dataset']: r for r in chosen}.values()) + "."
     return accuracy, rank
+
+
+def compressor_columns(labels: pd.Series) -> tuple[pd.Series, str]:
+    """Run labels `method+forgetting+compressor@rate [setting=...]` cut to `compressor@rate` where the
+    rest is the same for every run (the dataset's own settings, e.g. its N_max, aside), and that rest."""
+    heads = labels.str.split(" ").str[0]
+    short = heads.str.rsplit("+", n=1).str[-1]
+    shared = set(heads.str.rsplit("+", n=1).str[0])
+    if len(shared) > 1:
+        return labels, "see the column names"
+    return short, shared.pop()
 
 
 def bounded_step_section(runs, label: str, title: str, value: str) -> Section:
