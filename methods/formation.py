@@ -48,6 +48,12 @@ def capture_layer_inputs(model):
             h.remove()
 
 
+def next_token_nll(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """[T-1] nats of each of ids[1:] given the tokens before it, from the logits [T, vocab] of ids [T]."""
+    logp = torch.log_softmax(logits[:-1].float(), dim=-1)
+    return -logp.gather(1, ids[1:].view(-1, 1).to(logits.device)).squeeze(1)
+
+
 class Former:
     """Turns text into fragments of a `LatentMemory` with what the backend needs.
 
@@ -129,8 +135,7 @@ class Former:
                              logits_to_keep=0 if self.keep_self_info else 1)   # the vocabulary head only if read
         self_info = torch.full((len(ids),), float("inf"))
         if self.keep_self_info:
-            logp = torch.log_softmax(out.logits[0, :-1].float(), dim=-1)
-            nll = -logp.gather(1, ids[1:].view(-1, 1).to(device)).squeeze(1)
+            nll = next_token_nll(out.logits[0], ids)
             self_info = torch.cat([torch.tensor([float("inf")], device=device), nll]).cpu()
         fragment = Fragment(fid, text, ids, self_info)
         if self.keep_kv:

@@ -11,15 +11,14 @@ from __future__ import annotations
 import torch
 
 from methods.compression import Compressor, kept_count
-from methods.formation import sink_token_id
+from methods.formation import next_token_nll, sink_token_id
 
 
 @torch.no_grad()
 def self_information(model, tokenizer, ids: list[int]) -> torch.Tensor:
     """[T] nats of each of `ids`, read after the sink token."""
     tokens = torch.tensor([[sink_token_id(tokenizer), *ids]], device=model.device)
-    logp = torch.log_softmax(model(input_ids=tokens).logits[0, :-1].float(), dim=-1)
-    return -logp.gather(1, tokens[0, 1:].view(-1, 1)).squeeze(1).cpu()
+    return next_token_nll(model(input_ids=tokens).logits[0], tokens[0]).cpu()
 
 
 class SelfInformation(Compressor):
