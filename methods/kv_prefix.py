@@ -71,7 +71,8 @@ class Placed:
             kept += 1
         start = sum(len(f) for f in frags[:kept])
         if self.keys is None or self.keys.shape[2] < total + room:
-            self._allocate(frags[0].keys, (total + room) * 9 // 8, start)    # room for a few more updates
+            grown = self.keys is not None                   # a trace's memory grew: room for a few more updates
+            self._allocate(frags[0].keys, (total + room) * (9 if grown else 8) // 8, start)
         rotary = Rotary.of(self.model)
         tables = rotary.tables(total, self.keys) if kept < len(frags) else None
         for f in frags[kept:]:
