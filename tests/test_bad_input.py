@@ -109,6 +109,7 @@ CASES = [
     (["compression=self_information", "compression.rate=half"], "compression.rate: Value 'half'"),
     (["compression=llmlingua", "compression.segment_tokens=0"], "compression.segment_tokens=0 must be a whole"),
     (["compression=llmlingua", "compression.model=nobody/missing"], "compression.model='nobody/missing' is neither"),
+    (["compression=llmlingua2", "compression.model=nobody/missing"], "compression.model='nobody/missing' is neither"),
     (["compression=nosuch"], "Could not find 'compression/nosuch'"),
     (["compression=none", "compression.rate=0.5"], "compression.rate: Key 'rate' not in 'CompressionSchema'"),
     # a sweep: every job is checked before the first one starts
