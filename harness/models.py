@@ -22,6 +22,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+import methods.memoryllm_model  # noqa: F401 - registers model_type memoryllm with transformers' auto classes
 from harness.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

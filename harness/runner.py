@@ -55,13 +55,20 @@ def preflight(cfg: DictConfig):
         raise ConfigError(str(err)) from None
     selfcheck.refuse_unsupported(BACKENDS[cfg.backend], model_config)
     method = build(cfg.method, "method")
+    if cfg.backend not in method.backends:
+        raise ConfigError(f"backend={cfg.backend}: method={cfg.method.label} reads its memory with "
+                          f"backend={' or '.join(method.backends)}")
     try:
+        method.check_model(model_config)
         method.check(num_layers(model_config))
     except ValueError as err:
         raise ConfigError(str(err)) from None
     task = build(cfg.task, "task")
     task.check()
     forgetting = build(cfg.forgetting, "forgetting")
+    if method.keeps_own_memory and forgetting.capacity is not None:
+        raise ConfigError(f"forgetting={cfg.forgetting.label}: method={cfg.method.label} keeps a memory of its "
+                          f"own that forgets by its own rule; use forgetting=none")
     if forgetting.layerwise and not method.needs_latent:
         raise ConfigError(f"forgetting={cfg.forgetting.label} drops different tokens at every layer; "
                           f"method={cfg.method.label} has no layers (use a latent method or forgetting=random)")
@@ -116,7 +123,7 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
         log.info("resuming %s: %d of %d groups already finished", run_dir, len(folder.done), len(groups))
     for group in tqdm([g for g in groups if g.index not in folder.done], desc=f"{label} groups", unit="group",
                       initial=len(folder.done), total=len(groups)):
-        session = Session(model, tokenizer, backend, method, cfg.formation, cfg.prompt, cfg.max_new_tokens,
+        session = Session(model, tokenizer, backend, method.for_group(group.index), cfg.formation, cfg.prompt, cfg.max_new_tokens,
                           reuse=formed, forgetting=forgetting.for_group(group.index), compressor=compressor)
         start = time.perf_counter()
         try:

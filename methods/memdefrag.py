@@ -43,7 +43,7 @@ class MemDefrag(Method):
         device = backend.model.device
         start = clock(device)
         rows = backend.attention_rows(memory, prompt_ids, [self.tracer_layer])[self.tracer_layer]
-        density = densities(rows, memory.spans(), self.query_mode)
+        density = densities(rows, memory.spans(self.tracer_layer), self.query_mode)
         traced = clock(device)
         view = memory.arranged(defragment(density, self.k))
         return Plan(latent=view, densities=density,

@@ -88,8 +88,8 @@ class LatentMemory:
         """Retained tokens of fragment `fid` (0 once forgotten entirely)."""
         return sum(len(f) for f in self.fragments if f.fid == fid)
 
-    def spans(self) -> list[tuple[int, int]]:
-        """[start, end) memory positions of each fragment; the sink holds position 0."""
+    def spans(self, layer: int = 0) -> list[tuple[int, int]]:
+        """[start, end) memory positions of each fragment, the same at every layer; the sink holds 0."""
         out, start = [], 1
         for f in self.fragments:
             out.append((start, start + len(f)))

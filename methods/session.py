@@ -52,14 +52,18 @@ class Session:
                  forgetting: Forgetting | NoForgetting | None = None, compressor: Compressor | None = None):
         self.model, self.tokenizer, self.backend, self.method = model, tokenizer, backend, method
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
-        self.forgetting = forgetting or NoForgetting()
         self.compressor = compressor or NoCompression()
         self.compressed: list[dict] = []    # per stored fragment under compression: tokens before and after
-        latent = method.needs_latent
-        self.former = Former(model, tokenizer, formation, keep_kv=latent and backend.keep_kv,
-                             keep_states=latent and backend.keep_states, reuse=reuse,
-                             keep_self_info=self.forgetting.needs_self_info)
-        self.memory = LatentMemory()
+        if method.keeps_own_memory:         # the model's own memory: it writes and admits
+            writer = method.writer(model, tokenizer)
+            self.memory, self.former, self.forgetting = writer.memory, writer, writer
+        else:
+            self.forgetting = forgetting or NoForgetting()
+            latent = method.needs_latent
+            self.former = Former(model, tokenizer, formation, keep_kv=latent and backend.keep_kv,
+                                 keep_states=latent and backend.keep_states, reuse=reuse,
+                                 keep_self_info=self.forgetting.needs_self_info)
+            self.memory = LatentMemory()
         self.update_seconds: dict[str, float] = {}     # the last store's formation and forgetting
         self.text = TextPrefix(model)                   # plain-token memory (text, none)
         self.stop = stop_ids(model, tokenizer)          # ids that end an answer (empty: always the full budget)

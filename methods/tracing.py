@@ -119,7 +119,7 @@ def densities(rows: torch.Tensor, spans: list[tuple[int, int]], query_mode: str)
     if query_mode not in QUERY_MODES:
         raise ValueError(f"query_mode={query_mode!r} is not one of {QUERY_MODES}")
     a = rows[-1] if query_mode == "last" else rows.mean(dim=0)
-    return torch.stack([a[s:e].mean() for s, e in spans])
+    return torch.stack([a[s:e].mean() if e > s else a.new_zeros(()) for s, e in spans])   # empty: none
 
 
 def ranks(values: torch.Tensor) -> torch.Tensor:
