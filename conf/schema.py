@@ -59,6 +59,14 @@ class MemDefragSchema(MethodSchema):
 
 
 @dataclass
+class MemoryLLMSchema(MethodSchema):
+    defragment: bool = False
+    tracer_layer: Optional[int] = None
+    query_mode: Optional[QueryMode] = None
+    seed: int = 0
+
+
+@dataclass
 class TaskSchema:
     _target_: str = MISSING
     dataset: Dataset = Dataset.synthetic
@@ -179,6 +187,7 @@ SCHEMAS = {
     (None, "run_schema"): RunSchema,
     ("method", "method_schema"): MethodSchema,
     ("method", "memdefrag_schema"): MemDefragSchema,
+    ("method", "memoryllm_schema"): MemoryLLMSchema,
     ("task", "retention_schema"): RetentionSchema,
     ("task", "probe_schema"): ProbeSchema,
     ("task", "distortion_schema"): DistortionSchema,

@@ -53,11 +53,11 @@ def preflight(cfg: DictConfig):
         format_prompt(tokenizer, "?", cfg.prompt)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    selfcheck.refuse_unsupported(BACKENDS[cfg.backend], model_config)
     method = build(cfg.method, "method")
     if cfg.backend not in method.backends:
         raise ConfigError(f"backend={cfg.backend}: method={cfg.method.label} reads its memory with "
                           f"backend={' or '.join(method.backends)}")
+    selfcheck.refuse_unsupported(BACKENDS[cfg.backend], model_config)
     try:
         method.check_model(model_config)
         method.check(num_layers(model_config))

@@ -1,0 +1,136 @@
+"""MemoryLLM, native: the same memory and logits as the authors' code (tests/testdata/memoryllm, made by
+make_reference.py there), defragmentation that moves whole injections, and whole runs on a tiny checkpoint."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from harness.runner import run
+from methods.hidden_prefix import HiddenPrefixBackend
+from methods.memoryllm import MemoryLLM, PoolWriter
+from methods.memoryllm_model import MemoryLLMConfig, MemoryLLMForCausalLM
+from methods.slot_memory import SlotMemory
+from tests.conftest import tiny_run_config
+
+REFERENCE = Path(__file__).parent / "testdata" / "memoryllm"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return torch.load(REFERENCE / "reference.pt")
+
+
+def written(variant: str, start: str, seed: int, contexts) -> tuple[MemoryLLMForCausalLM, PoolWriter, list]:
+    """The reference's tiny checkpoint `variant`, its pool as saved or emptied, after writing `contexts`;
+    and the pool's states after each."""
+    model = AutoModelForCausalLM.from_pretrained(REFERENCE / f"tiny_{variant}", dtype=torch.float32).eval()
+    if start == "empty":
+        model.initialized.fill_(0)
+    writer = PoolWriter(model, None, torch.Generator().manual_seed(seed))
+    states = []
+    for context in contexts:
+        writer.admit(writer.memory, writer.next_fragment(writer.memory, "", kept=context.tolist()))
+        states.append(writer.memory.states.clone())
+    return model, writer, states
+
+
+@pytest.mark.parametrize("start", ["initialized", "empty"])
+@pytest.mark.parametrize("variant", ["plain", "lora"])
+def test_memory_and_logits_are_the_authors(reference, variant, start):
+    """plain: one random drop for every layer; lora: write and read adapters, a drop per layer."""
+    expected = reference[f"{variant}/{start}"]
+    model, writer, states = written(variant, start, reference["seed"], reference["contexts"])
+    for ours, theirs in zip(states, expected["memories"]):
+        assert ours.shape == theirs.shape and (ours - theirs).abs().max() < 1e-5
+    logits, _, _ = HiddenPrefixBackend(model).prefill(writer.memory, reference["question"])
+    assert (logits - expected["logits"]).abs().max() < 1e-5
+
+
+def test_slots_remember_their_injection_through_per_layer_drops(reference):
+    model, writer, _ = written("lora", "initialized", reference["seed"], reference["contexts"])
+    memory, config = writer.memory, model.config
+    assert memory.order == [-4, -3, -2, -1, 0, 1] and memory.n_tokens == config.num_blocks * config.num_tokens
+    assert (memory.origin[:, -config.num_tokens:] == 1).all()               # the newest injection is whole
+    assert not torch.equal(memory.origin[0], memory.origin[1])               # each layer dropped its own slots
+    for layer in range(config.num_hidden_layers):                            # spans cover the pool in order
+        spans = memory.spans(layer)
+        assert spans[0][0] == 1 and spans[-1][1] == 1 + memory.n_tokens
+        assert all(end == start for (_, end), (start, _) in zip(spans, spans[1:]))
+
+
+def test_defragmentation_moves_whole_injections_densest_last(reference):
+    model, writer, _ = written("lora", "initialized", reference["seed"], reference["contexts"])
+    memory = writer.memory
+    plan = MemoryLLM(defragment=True, tracer_layer=1, query_mode="last").plan(
+        memory, reference["question"], HiddenPrefixBackend(model))
+    view, density = plan.latent, plan.densities
+    assert sorted(view.order) == sorted(memory.order) and view.n_tokens == memory.n_tokens
+    assert [density[memory.order.index(fid)] for fid in view.order] == sorted(density.tolist())
+    for layer in range(model.config.num_hidden_layers):
+        origin = view.origin[layer].tolist()
+        runs = [fid for i, fid in enumerate(origin) if i == 0 or origin[i - 1] != fid]
+        assert runs == [fid for fid in view.order if fid in origin]          # one run per injection, in order
+        for fid in runs:                                                     # its slots, unchanged, in order
+            assert torch.equal(view.states[layer][view.origin[layer] == fid],
+                               memory.states[layer][memory.origin[layer] == fid])
+    assert memory.order == [-4, -3, -2, -1, 0, 1]                            # the stored pool is untouched
+
+
+def test_a_selection_that_would_leave_layers_uneven_is_refused(reference):
+    _, writer, _ = written("lora", "initialized", reference["seed"], reference["contexts"])
+    with pytest.raises(ValueError, match="different numbers of slots"):
+        writer.memory.arranged([0, 5])
+    with pytest.raises(ValueError, match="not a permutation"):
+        writer.memory.reorder([0, 0, 1, 2, 3, 4])
+    with pytest.raises(ValueError, match="backend=hidden_prefix"):
+        SlotMemory().stacked("keys", dim=2)
+
+
+@pytest.fixture(scope="module")
+def tiny_memoryllm(tmp_path_factory, tiny_checkpoint):
+    """A tiny random MemoryLLM with LoRA and per-layer drops, on the test tokenizer (plumbing, not accuracy)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    torch.manual_seed(0)
+    config = MemoryLLMConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                             num_tokens=16, num_blocks=8, drop_memory_per_layer=True, add_decoder_lora=True,
+                             lora_config={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    folder = tmp_path_factory.mktemp("tiny_memoryllm")
+    MemoryLLMForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("method", ["memoryllm", "memoryllm_defrag"])
+def test_a_retention_run_goes_end_to_end(tmp_path, tiny_memoryllm, method):
+    cfg = tiny_run_config(tiny_memoryllm, f"method={method}", "backend=hidden_prefix", "task.updates=5",
+                          "task.groups=2", "task.eval_steps=[1,5]", "model.query_mode=last")
+    metrics = run(cfg, str(tmp_path))
+    assert list(metrics["step"]) == [1, 5]
+    records = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
+    assert all(r["memory_tokens"] == 8 * 16 for r in records)                 # the pool keeps its size
+    assert all(r["used_tokens"] == 1 + 8 * 16 for r in records)
+    assert all((r["target_rank"] is not None) == (method == "memoryllm_defrag") for r in records)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["method=memoryllm"], "backend=fast: method=memoryllm reads its memory with backend=hidden_prefix"),
+    (["method=memoryllm", "backend=hidden_prefix", "forgetting=informativeness"],
+     "method=memoryllm keeps a memory of its own"),
+])
+def test_what_memoryllm_cannot_do_is_refused_before_work(tmp_path, tiny_memoryllm, overrides, message):
+    from harness.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        run(tiny_run_config(tiny_memoryllm, *overrides), str(tmp_path))
+
+
+def test_a_model_without_a_pool_is_refused_before_its_weights_load(tmp_path, tiny_checkpoint):
+    from harness.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="method memoryllm needs a checkpoint of model_type 'memoryllm'"):
+        run(tiny_run_config(tiny_checkpoint, "method=memoryllm", "backend=hidden_prefix"), str(tmp_path))
