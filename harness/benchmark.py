@@ -12,6 +12,7 @@ SmolLM2; on a GPU the peak memory is the CUDA allocator's.
     memdefrag-bench --sizes 10 26 --threads 1 --out results/speed_cpu.md
     memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --sizes 26 --out results/speed_gpu.md
     memdefrag-bench --shape llama31_8b --save-random /tmp/llama31_8b   # a checkpoint for `model=hf` runs
+    memdefrag-bench --shape memoryllm_tiny --save-random /tmp/memoryllm_tiny   # for method=memoryllm runs
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from methods.hidden_prefix import HiddenPrefixBackend
 from methods.kv_prefix import KVPrefixBackend
 from methods.memdefrag import MemDefrag
 from methods.memory import LatentMemory
+from methods.memoryllm_model import MemoryLLMConfig
 from methods.none import NoMemory
 from methods.session import Session
 from methods.vanilla import Vanilla
@@ -42,6 +44,7 @@ class Shape:
     config: dict
     tracer_layer: int
     query_mode: str
+    config_class: type = LlamaConfig
 
 
 LLAMA31_ROPE = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -53,6 +56,16 @@ SHAPES = {
     "tiny": Shape(dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768), 1, "mean"),
 }
+# MemoryLLM-8B: Llama-3-8B with a pool of 50 x 256 slots, LoRA adapters to write and read, a drop per layer (the
+# authors' 8B training configs); its pool starts empty (the first injection fills it).
+MEMORYLLM = dict(num_tokens=256, num_blocks=50, add_bos_embedding=True, drop_memory_per_layer=True, add_decoder_lora=True,
+                 lora_config={"r": 8, "lora_alpha": 32,
+                              "target_modules": ["q_proj", "v_proj", "k_proj", "up_proj", "down_proj", "gate_proj"]})
+SHAPES["memoryllm_8b"] = Shape({**SHAPES["llama31_8b"].config, "max_position_embeddings": 8192,
+                                "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}, **MEMORYLLM},
+                               13, "last", MemoryLLMConfig)
+SHAPES["memoryllm_tiny"] = Shape({**SHAPES["tiny"].config, **MEMORYLLM, "num_tokens": 16, "num_blocks": 8},
+                                 1, "last", MemoryLLMConfig)
 METHODS = ("none", "vanilla", "memdefrag")
 EMBEDDED = ModelSpec("smollm2", "smollm2", tracer_layer=18, query_mode="mean")
 
@@ -66,7 +79,7 @@ def build(shape: str | None, device: str, dtype: str):
     chosen = SHAPES[shape]
     torch.manual_seed(0)
     with torch.device(pick_device(device)):
-        model = AutoModelForCausalLM.from_config(LlamaConfig(**chosen.config), dtype=DTYPES[dtype]).eval()
+        model = AutoModelForCausalLM.from_config(chosen.config_class(**chosen.config), dtype=DTYPES[dtype]).eval()
     grouped_sdpa_on_cpu(model.device)
     return model, check_source(EMBEDDED)[1], chosen.tracer_layer, chosen.query_mode
 

@@ -118,6 +118,36 @@ def compressor_columns(labels: pd.Series) -> tuple[pd.Series, str]:
     return short, shared.pop()
 
 
+RELEASED = {"YuWangX/memoryllm-8b": "MemoryLLM-8B"}     # checkpoints whose accuracy means something
+
+
+def memoryllm_sections(root, runs, figures) -> list[Section]:
+    """`tab:defrag_memoryllm_mplus`: accuracy per step with and without defragmentation, a section per model;
+    a model that is not a released checkpoint (a tiny random one) is labelled plumbing, never mixed in."""
+    chosen = [r for r in runs if r.study == "memoryllm_comparison"]
+    if not chosen:
+        return [Section("tab:defrag_memoryllm_mplus", "MemoryLLM with and without defragmentation, accuracy (%)",
+                        missing="no runs yet: memdefrag experiment=memoryllm_comparison (model=memoryllm_8b)")]
+    sections = []
+    for source in sorted({r.config["model"]["source"] for r in chosen}, key=lambda s: (s not in RELEASED, s)):
+        mine = [r for r in chosen if r.config["model"]["source"] == source]
+        name = RELEASED.get(source, mine[0].model)
+        suffix = "" if source == next(iter(RELEASED)) else "_" + "".join(c if c.isalnum() else "_" for c in name)
+        section = Section(f"tab:defrag_memoryllm_mplus{suffix}", f"{name} with and without defragmentation "
+                          "(layer, query mode: " + ", ".join(sorted({f"{r.config['method']['tracer_layer']} "
+                                                                    f"{r.config['method']['query_mode']}"
+                                                                    for r in mine})) + "), accuracy (%)")
+        section.table = accuracy_table(records_of([r.folder for r in mine]))
+        figure = figures / f"{section.label.split(':')[1]}.png"
+        accuracy_curves(section.table, figure)
+        section.figure = str(figure.relative_to(root))
+        if source not in RELEASED:
+            section.after = (f"**Plumbing only**: `{source}` is not a released checkpoint (random weights); these "
+                             "runs show that the pipeline works end to end, not how well MemoryLLM remembers.")
+        sections.append(section)
+    return sections
+
+
 def bounded_step_section(runs, label: str, title: str, value: str) -> Section:
     """A per-step table of the forgetting runs: mean `value` per question ('seconds': the update's
     formation and forgetting plus the question's phases)."""
@@ -274,7 +304,7 @@ def speed_section(root: Path) -> Section:
 
 
 NOT_YET = {
-    "tab:defrag_memoryllm_mplus": "MemoryLLM / M+ with defragmentation: the baselines are not built yet",
+    "tab:defrag_mplus": "M+ with and without defragmentation: M+ is not built yet",
     "tab:larger_backbones": "no results: run experiment=larger_backbones on GPUs with the real weights",
 }
 
@@ -301,6 +331,7 @@ def build(root: Path) -> list[Section]:
         *(longbench_section(root, runs, model)
           for model in [DEFAULT_MODEL, *sorted({r.model for r in runs if r.task == "LongBench"} - {DEFAULT_MODEL})]),
         *compression_section(root, runs, figures),
+        *memoryllm_sections(root, runs, figures),
         probe_section(root, runs),
         distortion_section(root, runs),
         tracer_summary_section(),

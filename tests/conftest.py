@@ -10,7 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")    # before transformers reads it: 
 
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, CohereConfig, Gemma2Config, Gemma3TextConfig, Gemma4TextConfig,
+from transformers import (AutoModelForCausalLM, AutoTokenizer, CohereConfig, Gemma2Config, Gemma3TextConfig, Gemma4TextConfig,
                           GemmaConfig,
                           GraniteConfig, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config, Phi3Config,
                           Qwen2Config, Qwen3Config, Qwen3MoeConfig, StableLmConfig)
@@ -125,6 +125,24 @@ def save_tiny_checkpoint(folder) -> str:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_memoryllm(tmp_path_factory, tiny_checkpoint):
+    """A tiny random MemoryLLM (a pool of 8 x 16 slots, LoRA adapters, a drop per layer) on the tiny
+    checkpoint's tokenizer: whole runs of method=memoryllm (plumbing, not accuracy)."""
+    from methods.memoryllm_model import MemoryLLMConfig, MemoryLLMForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    torch.manual_seed(0)
+    config = MemoryLLMConfig(**{**COMMON, "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
+                                "eos_token_id": tokenizer.eos_token_id, "max_position_embeddings": 8192},
+                             num_tokens=16, num_blocks=8, drop_memory_per_layer=True, add_decoder_lora=True,
+                             lora_config={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]})
+    folder = tmp_path_factory.mktemp("tiny_memoryllm")
+    MemoryLLMForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
 
 
 def tiny_overrides(checkpoint: str, small_task: bool = True) -> list[str]:

@@ -1,7 +1,8 @@
 """Every shipped experiment runs, every sweep point of it, in a tiny form: one group (of contexts cut to 200
 tokens, where the task cuts them) on the tiny checkpoint (capacity 5,000 tokens, so forgetting starts about half
-way through 50 updates). The tiny checkpoint stands in for every model, so a model axis runs once, and a
-compression-rate axis too (the same code at another number; tests/test_config.py preflights every point)."""
+way through 50 updates). The tiny checkpoint stands in for every model (the tiny MemoryLLM for a MemoryLLM), so a
+model axis runs once, and a compression-rate axis too (the same code at another number; tests/test_config.py
+preflights every point)."""
 
 import pytest
 
@@ -11,9 +12,10 @@ from tests.conftest import EXPERIMENTS, sweep_points, tiny_run_config
 
 @pytest.mark.slow
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_experiment_runs_in_tiny_form(tmp_path, tiny_checkpoint, experiment):
+def test_experiment_runs_in_tiny_form(tmp_path, tiny_checkpoint, tiny_memoryllm, experiment):
+    checkpoint = tiny_memoryllm if experiment.startswith("memoryllm") else tiny_checkpoint
     for i, point in enumerate(sweep_points(experiment, keep_first=("model", "compression.rate"))):
-        cfg = tiny_run_config(tiny_checkpoint, f"experiment={experiment}", *point, "task.groups=1",
+        cfg = tiny_run_config(checkpoint, f"experiment={experiment}", *point, "task.groups=1",
                               "max_new_tokens=2", "model.memory_capacity=5000", small_task=False)
         if "max_context_tokens" in cfg.task:
             cfg.task.max_context_tokens = 200

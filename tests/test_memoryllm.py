@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from harness.runner import run
 from methods.hidden_prefix import HiddenPrefixBackend
 from methods.memoryllm import MemoryLLM, PoolWriter
-from methods.memoryllm_model import MemoryLLMConfig, MemoryLLMForCausalLM
+from methods.memoryllm_model import MemoryLLMForCausalLM
 from methods.slot_memory import SlotMemory
 from tests.conftest import tiny_run_config
 
@@ -87,22 +87,6 @@ def test_a_selection_that_would_leave_layers_uneven_is_refused(reference):
         writer.memory.reorder([0, 0, 1, 2, 3, 4])
     with pytest.raises(ValueError, match="backend=hidden_prefix"):
         SlotMemory().stacked("keys", dim=2)
-
-
-@pytest.fixture(scope="module")
-def tiny_memoryllm(tmp_path_factory, tiny_checkpoint):
-    """A tiny random MemoryLLM with LoRA and per-layer drops, on the test tokenizer (plumbing, not accuracy)."""
-    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
-    torch.manual_seed(0)
-    config = MemoryLLMConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                             num_tokens=16, num_blocks=8, drop_memory_per_layer=True, add_decoder_lora=True,
-                             lora_config={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    folder = tmp_path_factory.mktemp("tiny_memoryllm")
-    MemoryLLMForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
 
 
 @pytest.mark.parametrize("method", ["memoryllm", "memoryllm_defrag"])
