@@ -19,30 +19,36 @@ from methods.tracing import StopForward, until_stopped
 
 
 @contextmanager
-def stored_prefix(model, states: torch.Tensor):
-    """Replace positions [0, M) of every decoder layer's input with states [L, M, hidden]."""
-    prefix_len = states.shape[1]
-
-    def make_hook(layer_states):
+def edited_layer_inputs(model, edit):
+    """Every decoder layer `index` reads edit(index, a copy of its input) in place of its input
+    (edit changes the copy in place; it returns False to leave the input as it is)."""
+    def make_hook(index):
         def hook(module, args, kwargs):
-            hidden = args[0] if args else kwargs["hidden_states"]
-            if hidden.shape[1] < prefix_len:
+            hidden = (args[0] if args else kwargs["hidden_states"]).clone()
+            if edit(index, hidden) is False:
                 return None
-            hidden = hidden.clone()
-            hidden[:, :prefix_len] = layer_states.to(hidden.device, hidden.dtype)
-            if args:
-                return (hidden, *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": hidden}
+            return ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
         return hook
 
-    layers = decoder_of(model).layers
-    handles = [layer.register_forward_pre_hook(make_hook(states[i]), with_kwargs=True)
-               for i, layer in enumerate(layers)]
+    handles = [layer.register_forward_pre_hook(make_hook(i), with_kwargs=True)
+               for i, layer in enumerate(decoder_of(model).layers)]
     try:
         yield
     finally:
         for h in handles:
             h.remove()
+
+
+def stored_prefix(model, states: torch.Tensor):
+    """Replace positions [0, M) of every decoder layer's input with states [L, M, hidden]."""
+    prefix_len = states.shape[1]
+
+    def replace(index, hidden):
+        if hidden.shape[1] < prefix_len:
+            return False
+        hidden[:, :prefix_len] = states[index].to(hidden.device, hidden.dtype)
+
+    return edited_layer_inputs(model, replace)
 
 
 @contextmanager

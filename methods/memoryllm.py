@@ -23,7 +23,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 
 from methods.base import Method, Plan
-from methods.hidden_prefix import stored_prefix
+from methods.hidden_prefix import edited_layer_inputs, stored_prefix
 from methods.memdefrag import MemDefrag
 from methods.memory import Fragment
 from methods.memoryllm_model import MemoryLLMConfig, MemoryLLMForCausalLM
@@ -31,20 +31,12 @@ from methods.positions import decoder_of
 from methods.slot_memory import SlotMemory
 
 
-@contextmanager
 def added_to_last(model, vector: torch.Tensor, count: int):
     """Add `vector` [1, 1, hidden] to the last `count` positions of every decoder layer's input."""
-    def hook(module, args, kwargs):
-        hidden = (args[0] if args else kwargs["hidden_states"]).clone()
+    def add(index, hidden):
         hidden[:, -count:] += vector.to(hidden)
-        return ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
 
-    handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in decoder_of(model).layers]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+    return edited_layer_inputs(model, add)
 
 
 @contextmanager

@@ -35,8 +35,8 @@ class MemoryLLMConfig(LlamaConfig):
 
 
 class LoraLinear(nn.Module):
-    """A linear layer with named low-rank adapters (peft's layout); the `active` one is added, unscaled
-    dropout being a training matter."""
+    """A linear layer with named low-rank adapters (peft's layout); the `active` one is added (their
+    dropout is a training matter)."""
 
     def __init__(self, base: nn.Linear, adapters: list[str], rank: int, alpha: float):
         super().__init__()
