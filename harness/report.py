@@ -25,6 +25,7 @@ from harness.tracers import recorded, tracers_file
 from harness.summary import accuracy_table, records_of, run_folders, run_labels
 
 DEFAULT_MODEL = "smollm2"     # the paper tables' backbone here; other models get sections of their own
+RELEASED = {"YuWangX/memoryllm-8b": "MemoryLLM-8B"}     # baseline checkpoints whose accuracy means something
 
 
 @dataclass
@@ -50,6 +51,12 @@ class Run:
     def bounded(self) -> bool:
         return self.config.get("forgetting", {}).get("label", "unbounded") != "unbounded"
 
+    @property
+    def baseline(self) -> bool:
+        """A released MemoryLLM checkpoint without defragmentation: a row of the paper's comparison tables."""
+        return self.study == "memoryllm_comparison" and self.config["model"].get("source") in RELEASED \
+            and not self.config["method"].get("defragment")
+
 
 @dataclass
 class Section:
@@ -72,8 +79,8 @@ def runs_under(root: Path) -> list[Run]:
 
 def retention_section(root, runs, label, title, bounded, figures, model: str | None = None) -> Section:
     """model: only that model's runs (None: any)."""
-    chosen = [r for r in runs if r.task == "Retention" and r.bounded == bounded and model in (None, r.model)
-              and not r.study]
+    chosen = [r for r in runs if r.task == "Retention" and model in (None, r.model)
+              and ((r.bounded == bounded and not r.study) or (bounded and r.baseline))]
     if not chosen:
         need = "memdefrag experiment=retention_comparison (results/run_forgetting.sh)" if bounded else \
             "results/run_accuracy.sh"
@@ -116,9 +123,6 @@ def compressor_columns(labels: pd.Series) -> tuple[pd.Series, str]:
     if len(shared) > 1:
         return labels, "see the column names"
     return short, shared.pop()
-
-
-RELEASED = {"YuWangX/memoryllm-8b": "MemoryLLM-8B"}     # checkpoints whose accuracy means something
 
 
 def memoryllm_sections(root, runs, figures) -> list[Section]:
@@ -218,9 +222,10 @@ def distortion_section(root, runs) -> Section:
 
 def study_table(runs, study: str, value) -> tuple[pd.DataFrame, str] | None:
     """Datasets as rows, methods as columns (in run order): value(run) of the runs of one experiment
-    (`study`); and a caption naming model, device, dtype and threads. None without such runs."""
-    chosen = [r for r in runs if r.study == study and r.info]
-    if not chosen:
+    (`study`) and of the released MemoryLLM baselines; and a caption naming model, device, dtype and
+    threads. None without such runs."""
+    chosen = [r for r in runs if (r.study == study or r.baseline) and r.info]
+    if not any(r.study == study for r in chosen):
         return None
     labels = run_labels([r.config for r in chosen])
     frame = pd.DataFrame([{"dataset": r.config["task"]["dataset"], "method": label, "value": value(r)}

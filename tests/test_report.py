@@ -11,10 +11,11 @@ from harness.report import write
 
 
 def fake_run(folder, task, method, records, forgetting="unbounded", info=None, study=None, dataset="nqa",
-             compression=None):
+             compression=None, model=None, method_options=None):
     folder.mkdir(parents=True)
     config = {"task": {"_target_": f"evals.x.{task}", "dataset": dataset, "updates": 50},
-              "method": {"label": method}, "forgetting": {"label": forgetting}, "model": {"name": "smollm2"},
+              "method": {"label": method, **(method_options or {})}, "forgetting": {"label": forgetting},
+              "model": model or {"name": "smollm2"},
               "prompt": "chat", "formation": "shared_sink", "study": study,
               "compression": compression or {"label": "none"}}
     (folder / "config.yaml").write_text(OmegaConf.to_yaml(config))
@@ -87,6 +88,31 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert (tmp_path / "d" / "c" / "density_heatmap_last.png").stat().st_size > 1000
     assert (tmp_path / "tables" / "retention_comparison.tex").read_text().count("\\label{tab:retention_comparison}")
     assert (tmp_path / "figures" / "retention_comparison.png").stat().st_size > 1000
+
+
+def test_memoryllm_runs_get_their_table_and_only_the_released_checkpoint_joins_the_comparisons(tmp_path):
+    released = {"name": "memoryllm_8b", "source": "YuWangX/memoryllm-8b"}
+    tiny = {"name": "memoryllm_tiny_random", "source": "/tmp/memoryllm_tiny"}
+    info = {"threads": 1, "model": "x", "device": "cuda:0", "dtype": "bfloat16", "seconds": {"per_group": 64.19}}
+    for model in (released, tiny):
+        for job, (method, correct) in enumerate((("memoryllm", False), ("memoryllm_defrag", True))):
+            fake_run(tmp_path / model["name"] / f"{job}_{method}", "Retention", method,
+                     [{"group": 0, "step": 10, "correct": correct, "target_rank": 1}], info=info,
+                     study="memoryllm_comparison", model=model,
+                     method_options={"defragment": method.endswith("defrag"), "tracer_layer": 13, "query_mode": "last"})
+    fake_run(tmp_path / "runtime" / "0_vanilla", "Retention", "vanilla", [{"group": 0, "step": 10, "correct": True}],
+             "informativeness", {**info, "seconds": {"per_group": 75.07}}, study="runtime")
+    readme = write(tmp_path).read_text()
+    real = readme.split("(`tab:defrag_memoryllm_mplus`)")[1].split("\n## ")[0]
+    assert "MemoryLLM-8B with and without defragmentation (layer, query mode: 13 last)" in readme
+    assert re.search(r"\| nqa +\| 10 +\| +0 \| +100 \|", real) and "Plumbing" not in real
+    plumbing = readme.split("(`tab:defrag_memoryllm_mplus_memoryllm_tiny_random`)")[1].split("\n## ")[0]
+    assert "**Plumbing only**: `/tmp/memoryllm_tiny` is not a released checkpoint" in plumbing
+    comparison = readme.split("(`tab:retention_comparison`)")[1].split("\n## ")[0]
+    assert "memoryllm" in comparison and "defrag" not in comparison and "tiny" not in comparison
+    runtime = readme.split("(`tab:runtime`)")[1].split("\n## ")[0]
+    assert re.search(r"\| +memoryllm name=memoryllm_8b \| +vanilla\+informativeness name=smollm2 \|", runtime)
+    assert re.search(r"\| nqa +\| +64.19 \| +75.07 \|", runtime)
 
 
 def test_the_committed_results_readme_is_what_report_writes(tmp_path):
