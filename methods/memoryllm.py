@@ -80,17 +80,19 @@ class PoolWriter:
     """Stores texts in a MemoryLLM's own pool (the session's formation and forgetting for this method)."""
 
     capacity, layerwise, needs_self_info = None, False, False
+    memory_class = SlotMemory
 
     def __init__(self, model: MemoryLLMForCausalLM, tokenizer, generator: torch.Generator):
         self.model, self.tokenizer, self.generator = model, tokenizer, generator
         config: MemoryLLMConfig = model.config
         sink = None if model.bos_embedding is None else model.bos_embedding.detach()
-        self.memory = SlotMemory(sink=sink)
-        if int(model.initialized):
-            blocks = torch.arange(config.num_blocks).repeat_interleave(config.num_tokens) - config.num_blocks
+        self.memory = self.memory_class(sink=sink)
+        if model.pool_ready:
+            count = config.stm_slots // config.num_tokens
+            blocks = torch.arange(count).repeat_interleave(config.num_tokens) - count
             self.memory.states = model.memory.detach()
             self.memory.origin = blocks.expand(config.num_hidden_layers, -1).clone()
-            self.memory.order = list(range(-config.num_blocks, 0))     # the checkpoint's blocks
+            self.memory.order = list(range(-count, 0))                  # the checkpoint's blocks
         self._next_id = 0
 
     def next_fragment(self, memory: SlotMemory, text: str, reuse: bool = False,
@@ -109,7 +111,7 @@ class PoolWriter:
     def admit(self, memory: SlotMemory, fragment: Fragment) -> int:
         """Drop as many random slots as join (the authors' rule), then append; returns the slots dropped."""
         config: MemoryLLMConfig = self.model.config
-        size, new = config.num_blocks * config.num_tokens, fragment.states
+        size, new = config.stm_slots, fragment.states
         if memory.states is None:                               # an empty pool: copies of the first slots
             copies = [new] * (size // new.shape[1]) + ([new[:, -(size % new.shape[1]):]] if size % new.shape[1] else [])
             memory.append(fragment.fid, torch.cat(copies, dim=1)[:, -size:])
@@ -131,6 +133,7 @@ class MemoryLLM(Method):
     backends = ("hidden_prefix",)
     keeps_own_memory = True
     model_type = MemoryLLMConfig.model_type
+    long_term = False           # M+'s: a checkpoint with a long-term memory (num_ltm_blocks)
 
     def __init__(self, defragment: bool = False, tracer_layer: int = 13, query_mode: str = "last", seed: int = 0):
         self.defragment, self.seed = defragment, seed
@@ -147,10 +150,15 @@ class MemoryLLM(Method):
             self.tracer.check(num_layers)
 
     def check_model(self, model_config) -> None:
+        name = "mplus" if self.long_term else "memoryllm"
         if getattr(model_config, "model_type", None) != self.model_type:
-            raise ValueError(f"method {self.model_type} needs a checkpoint of model_type {self.model_type!r}, "
-                             f"got {getattr(model_config, 'model_type', None)!r}: use model={self.model_type}_8b "
-                             f"or model=hf model.source=<a folder of one>")
+            raise ValueError(f"method {name} needs a checkpoint of model_type {self.model_type!r}, got "
+                             f"{getattr(model_config, 'model_type', None)!r}: use model={name}_8b or model=hf "
+                             f"model.source=<a folder of one>")
+        if bool(getattr(model_config, "num_ltm_blocks", 0)) != self.long_term:
+            raise ValueError(f"method {name}: this checkpoint is {'M+' if not self.long_term else 'MemoryLLM'} "
+                             f"(num_ltm_blocks={getattr(model_config, 'num_ltm_blocks', 0)}); use method="
+                             f"{'mplus' if not self.long_term else 'memoryllm'}")
 
     def writer(self, model, tokenizer) -> PoolWriter:
         return PoolWriter(model, tokenizer, self.generator)

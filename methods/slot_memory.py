@@ -4,7 +4,8 @@ Every slot remembers the fragment (injection) it came from, at every layer, also
 differ per layer; at each layer a fragment's slots stay together and fragments keep one order across
 layers (drops keep the order, injections append). So a fragment's slots can be traced and moved as a whole
 at every layer, though its number of slots may differ between layers. Position 0 is the sink (MemoryLLM's
-bos embedding), the pool follows at 1..M.
+bos embedding), the pool follows at 1..M; a view may lead with slots of no fragment (M+'s long-term memory
+retrieved for a question), which stay first and are never moved.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import torch
+
+LEAD = -(2**62)     # the origin of a leading slot that belongs to no fragment
 
 
 @dataclass
@@ -41,8 +44,9 @@ class SlotMemory:
     def spans(self, layer: int = 0) -> list[tuple[int, int]]:
         """[start, end) positions of each fragment at `layer` (empty where it has no slot there)."""
         counts = [(self.origin[layer] == fid).sum().item() for fid in self.order]
-        ends = torch.tensor(counts).cumsum(0).add(1).tolist()
-        return list(zip([1, *ends[:-1]], ends))
+        first = 1 + (self.origin[layer] == LEAD).sum().item()
+        ends = torch.tensor(counts).cumsum(0).add(first).tolist()
+        return list(zip([first, *ends[:-1]], ends))
 
     def stacked(self, name: str, dim: int) -> torch.Tensor:
         """[L, 1+M, hidden]: the sink, then the pool (what every layer reads before the prompt)."""
@@ -58,6 +62,7 @@ class SlotMemory:
             raise ValueError(f"order {order} is not a selection of distinct indices in [0, {len(self)})")
         fids = [self.order[i] for i in order]
         rank = torch.full_like(self.origin, len(fids))
+        rank[self.origin == LEAD] = -1
         for position, fid in enumerate(fids):
             rank[self.origin == fid] = position
         picked = torch.argsort(rank, dim=1, stable=True)

@@ -127,22 +127,37 @@ def tiny_checkpoint(tmp_path_factory):
     return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_llama"))
 
 
-@pytest.fixture(scope="session")
-def tiny_memoryllm(tmp_path_factory, tiny_checkpoint):
-    """A tiny random MemoryLLM (a pool of 8 x 16 slots, LoRA adapters, a drop per layer) on the tiny
-    checkpoint's tokenizer: whole runs of method=memoryllm (plumbing, not accuracy)."""
+def save_tiny_memoryllm(folder, tokenizer_folder: str, **extra) -> str:
+    """A tiny random MemoryLLM (a pool of 8 x 16 slots, LoRA adapters, a drop per layer; `extra` config fields
+    make it an M+) on the tiny checkpoint's tokenizer: whole runs of its methods (plumbing, not accuracy)."""
     from methods.memoryllm_model import MemoryLLMConfig, MemoryLLMForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
     torch.manual_seed(0)
     config = MemoryLLMConfig(**{**COMMON, "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
                                 "eos_token_id": tokenizer.eos_token_id, "max_position_embeddings": 8192},
                              num_tokens=16, num_blocks=8, drop_memory_per_layer=True, add_decoder_lora=True,
-                             lora_config={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]})
-    folder = tmp_path_factory.mktemp("tiny_memoryllm")
-    MemoryLLMForCausalLM(config).save_pretrained(folder)
+                             lora_config={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}, **extra)
+    model = MemoryLLMForCausalLM(config)
+    for name, parameter in model.named_parameters():
+        if name.startswith("ltm"):                         # a long-term memory to retrieve from
+            parameter.data.copy_(torch.rand_like(parameter) * (5 if "frequencies" in name else 1))
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_memoryllm(tmp_path_factory, tiny_checkpoint):
+    return save_tiny_memoryllm(tmp_path_factory.mktemp("tiny_memoryllm"), tiny_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def tiny_mplus(tmp_path_factory, tiny_checkpoint):
+    """... with M+'s long-term memory: 2 of its 8 blocks retrieved, the cache joining every 2 injections."""
+    return save_tiny_memoryllm(tmp_path_factory.mktemp("tiny_mplus"), tiny_checkpoint, num_ltm_blocks=2,
+                               ltm_initial_size=40, update_ltm_frequency=2, initial_rf_when_moving_stm_to_ltm=10,
+                               add_selector=True, selector_hidden_dim=8, num_selector_layers=2)
 
 
 def tiny_overrides(checkpoint: str, small_task: bool = True) -> list[str]:

@@ -1,5 +1,5 @@
-"""MemoryLLM, native: the same memory and logits as the authors' code (tests/testdata/memoryllm, made by
-make_reference.py there), defragmentation that moves whole injections, and whole runs on a tiny checkpoint."""
+"""MemoryLLM and M+, native: the same memory and logits as the authors' code (tests/testdata/memoryllm, made by
+make_reference.py there), defragmentation that moves whole injections, and whole runs on tiny checkpoints."""
 
 import json
 from pathlib import Path
@@ -12,7 +12,8 @@ from harness.runner import run
 from methods.hidden_prefix import HiddenPrefixBackend
 from methods.memoryllm import MemoryLLM, PoolWriter
 from methods.memoryllm_model import MemoryLLMForCausalLM
-from methods.slot_memory import SlotMemory
+from methods.mplus import MPlus, MPlusWriter
+from methods.slot_memory import LEAD, SlotMemory
 from tests.conftest import tiny_run_config
 
 REFERENCE = Path(__file__).parent / "testdata" / "memoryllm"
@@ -47,6 +48,43 @@ def test_memory_and_logits_are_the_authors(reference, variant, start):
         assert ours.shape == theirs.shape and (ours - theirs).abs().max() < 1e-5
     logits, _, _ = HiddenPrefixBackend(model).prefill(writer.memory, reference["question"])
     assert (logits - expected["logits"]).abs().max() < 1e-5
+
+
+def test_mplus_memory_long_term_memory_and_logits_are_the_authors(reference):
+    """Three injections: the second joins the cache of dropped slots to the long-term memory (some entries
+    decay out), the third leaves one cache waiting; the question retrieves from both at every layer."""
+    expected = reference["mplus"]
+    model = AutoModelForCausalLM.from_pretrained(REFERENCE / "tiny_mplus", dtype=torch.float32).eval()
+    writer = MPlusWriter(model, None, torch.Generator().manual_seed(reference["seed"]))
+    memory = writer.memory
+    for context, states, sizes in zip([*reference["contexts"], expected["third"]], expected["memories"],
+                                      expected["long_term_sizes"]):
+        writer.admit(memory, writer.next_fragment(memory, "", kept=context.tolist()))
+        assert (memory.states - states).abs().max() < 1e-5
+        assert [len(entry.states) for entry in memory.long_term] == sizes
+    assert expected["long_term_sizes"][1][0] < 24 + 2 * 8                      # the merge let some decay out
+    assert memory.cached is not None and len(memory.cached[0].states) == 8      # the third injection's, waiting
+    backend = HiddenPrefixBackend(model)
+    plan = MPlus().plan(memory, reference["question"], backend)
+    retrieved = model.config.num_ltm_blocks * model.config.num_tokens
+    assert (plan.latent.origin[:, :retrieved] == LEAD).all() and plan.latent.n_tokens == retrieved + memory.n_tokens
+    logits, _, _ = backend.prefill(plan.latent, reference["question"])
+    assert (logits - expected["logits"]).abs().max() < 1e-5
+
+
+def test_mplus_defragmentation_keeps_the_retrieved_slots_first(reference):
+    model = AutoModelForCausalLM.from_pretrained(REFERENCE / "tiny_mplus", dtype=torch.float32).eval()
+    writer = MPlusWriter(model, None, torch.Generator().manual_seed(reference["seed"]))
+    for context in reference["contexts"]:
+        writer.admit(writer.memory, writer.next_fragment(writer.memory, "", kept=context.tolist()))
+    backend = HiddenPrefixBackend(model)
+    plain = MPlus().plan(writer.memory, reference["question"], backend).latent
+    plan = MPlus(defragment=True, tracer_layer=1).plan(writer.memory, reference["question"], backend)
+    retrieved = model.config.num_ltm_blocks * model.config.num_tokens
+    assert torch.equal(plan.latent.states[:, :retrieved], plain.states[:, :retrieved])
+    assert sorted(plan.latent.order) == sorted(writer.memory.order) and set(plan.seconds) >= {"retrieve", "trace"}
+    spans = plan.latent.spans(1)
+    assert spans[0][0] == 1 + retrieved and spans[-1][1] == 1 + plan.latent.n_tokens
 
 
 def test_slots_remember_their_injection_through_per_layer_drops(reference):
@@ -89,16 +127,18 @@ def test_a_selection_that_would_leave_layers_uneven_is_refused(reference):
         SlotMemory().stacked("keys", dim=2)
 
 
-@pytest.mark.parametrize("method", ["memoryllm", "memoryllm_defrag"])
-def test_a_retention_run_goes_end_to_end(tmp_path, tiny_memoryllm, method):
-    cfg = tiny_run_config(tiny_memoryllm, f"method={method}", "backend=hidden_prefix", "task.updates=5",
+@pytest.mark.parametrize("method", ["memoryllm", "memoryllm_defrag", "mplus", "mplus_defrag"])
+def test_a_retention_run_goes_end_to_end(tmp_path, request, method):
+    checkpoint = request.getfixturevalue("tiny_mplus" if method.startswith("mplus") else "tiny_memoryllm")
+    cfg = tiny_run_config(checkpoint, f"method={method}", "backend=hidden_prefix", "task.updates=5",
                           "task.groups=2", "task.eval_steps=[1,5]", "model.query_mode=last")
     metrics = run(cfg, str(tmp_path))
     assert list(metrics["step"]) == [1, 5]
     records = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
-    assert all(r["memory_tokens"] == 8 * 16 for r in records)                 # the pool keeps its size
-    assert all(r["used_tokens"] == 1 + 8 * 16 for r in records)
-    assert all((r["target_rank"] is not None) == (method == "memoryllm_defrag") for r in records)
+    pool, retrieved = (6 * 16, 2 * 16) if method.startswith("mplus") else (8 * 16, 0)
+    assert all(r["memory_tokens"] == pool for r in records)                   # the pool keeps its size
+    assert all(r["used_tokens"] == 1 + retrieved + pool for r in records)
+    assert all((r["target_rank"] is not None) == method.endswith("defrag") for r in records)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -113,8 +153,13 @@ def test_what_memoryllm_cannot_do_is_refused_before_work(tmp_path, tiny_memoryll
         run(tiny_run_config(tiny_memoryllm, *overrides), str(tmp_path))
 
 
-def test_a_model_without_a_pool_is_refused_before_its_weights_load(tmp_path, tiny_checkpoint):
+def test_a_model_of_the_wrong_kind_is_refused_before_its_weights_load(tmp_path, tiny_checkpoint, tiny_memoryllm,
+                                                                     tiny_mplus):
     from harness.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="method memoryllm needs a checkpoint of model_type 'memoryllm'"):
-        run(tiny_run_config(tiny_checkpoint, "method=memoryllm", "backend=hidden_prefix"), str(tmp_path))
+    for checkpoint, method, message in (
+            (tiny_checkpoint, "memoryllm", "method memoryllm needs a checkpoint of model_type 'memoryllm'"),
+            (tiny_mplus, "memoryllm", "this checkpoint is M\\+ .*use method=mplus"),
+            (tiny_memoryllm, "mplus", "this checkpoint is MemoryLLM .*use method=memoryllm")):
+        with pytest.raises(ConfigError, match=message):
+            run(tiny_run_config(checkpoint, f"method={method}", "backend=hidden_prefix"), str(tmp_path))
