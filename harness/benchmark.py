@@ -13,6 +13,7 @@ SmolLM2; on a GPU the peak memory is the CUDA allocator's.
     memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --sizes 26 --out results/speed_gpu.md
     memdefrag-bench --shape llama31_8b --save-random /tmp/llama31_8b   # a checkpoint for `model=hf` runs
     memdefrag-bench --shape memoryllm_tiny --save-random /tmp/memoryllm_tiny   # for method=memoryllm runs
+    memdefrag-bench --shape mplus_tiny --save-random /tmp/mplus_tiny           # for method=mplus runs
 """
 
 from __future__ import annotations
@@ -58,14 +59,22 @@ SHAPES = {
 }
 # MemoryLLM-8B: Llama-3-8B with a pool of 50 x 256 slots, LoRA adapters to write and read, a drop per layer (the
 # authors' 8B training configs); its pool starts empty (the first injection fills it).
-MEMORYLLM = dict(num_tokens=256, num_blocks=50, add_bos_embedding=True, drop_memory_per_layer=True, add_decoder_lora=True,
-                 lora_config={"r": 8, "lora_alpha": 32,
+MEMORYLLM = dict(num_tokens=256, num_blocks=50, add_bos_embedding=True, drop_memory_per_layer=True,
+                 add_decoder_lora=True, lora_config={"r": 8, "lora_alpha": 32,
                               "target_modules": ["q_proj", "v_proj", "k_proj", "up_proj", "down_proj", "gate_proj"]})
 SHAPES["memoryllm_8b"] = Shape({**SHAPES["llama31_8b"].config, "max_position_embeddings": 8192,
                                 "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}, **MEMORYLLM},
                                13, "last", MemoryLLMConfig)
 SHAPES["memoryllm_tiny"] = Shape({**SHAPES["tiny"].config, **MEMORYLLM, "num_tokens": 16, "num_blocks": 8},
                                  1, "last", MemoryLLMConfig)
+# M+-8B: Llama-3.1-8B, 40 pool blocks and 10 retrieved from a long-term memory (its training config's retriever and
+# merge settings); the long-term memory starts with one retrieval's worth of entries.
+MPLUS = dict(num_ltm_blocks=10, ltm_initial_size=2560, update_ltm_frequency=60, decay_frequency=1,
+             initial_rf_when_moving_stm_to_ltm=10, add_selector=True, selector_hidden_dim=256, num_selector_layers=2,
+             add_encoder_retriever=True)
+SHAPES["mplus_8b"] = Shape({**SHAPES["llama31_8b"].config, **MEMORYLLM, **MPLUS}, 13, "last", MemoryLLMConfig)
+SHAPES["mplus_tiny"] = Shape({**SHAPES["memoryllm_tiny"].config, **MPLUS, "num_ltm_blocks": 2, "ltm_initial_size": 32,
+                              "update_ltm_frequency": 2, "selector_hidden_dim": 8}, 1, "last", MemoryLLMConfig)
 METHODS = ("none", "vanilla", "memdefrag")
 EMBEDDED = ModelSpec("smollm2", "smollm2", tracer_layer=18, query_mode="mean")
 

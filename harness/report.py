@@ -25,7 +25,8 @@ from harness.tracers import recorded, tracers_file
 from harness.summary import accuracy_table, records_of, run_folders, run_labels
 
 DEFAULT_MODEL = "smollm2"     # the paper tables' backbone here; other models get sections of their own
-RELEASED = {"YuWangX/memoryllm-8b": "MemoryLLM-8B"}     # baseline checkpoints whose accuracy means something
+RELEASED = {"YuWangX/memoryllm-8b": "MemoryLLM-8B", "YuWangX/mplus-8b": "M+-8B"}   # baselines whose accuracy counts
+BASELINE_STUDIES = ("memoryllm_comparison", "mplus_comparison")
 
 
 @dataclass
@@ -53,8 +54,8 @@ class Run:
 
     @property
     def baseline(self) -> bool:
-        """A released MemoryLLM checkpoint without defragmentation: a row of the paper's comparison tables."""
-        return self.study == "memoryllm_comparison" and self.config["model"].get("source") in RELEASED \
+        """A released MemoryLLM or M+ checkpoint without defragmentation: a row of the paper's comparisons."""
+        return self.study in BASELINE_STUDIES and self.config["model"].get("source") in RELEASED \
             and not self.config["method"].get("defragment")
 
 
@@ -126,17 +127,20 @@ def compressor_columns(labels: pd.Series) -> tuple[pd.Series, str]:
 
 
 def memoryllm_sections(root, runs, figures) -> list[Section]:
-    """`tab:defrag_memoryllm_mplus`: accuracy per step with and without defragmentation, a section per model;
-    a model that is not a released checkpoint (a tiny random one) is labelled plumbing, never mixed in."""
-    chosen = [r for r in runs if r.study == "memoryllm_comparison"]
-    if not chosen:
-        return [Section("tab:defrag_memoryllm_mplus", "MemoryLLM with and without defragmentation, accuracy (%)",
-                        missing="no runs yet: memdefrag experiment=memoryllm_comparison (model=memoryllm_8b)")]
-    sections = []
-    for source in sorted({r.config["model"]["source"] for r in chosen}, key=lambda s: (s not in RELEASED, s)):
+    """`tab:defrag_memoryllm_mplus`: accuracy per step with and without defragmentation, the released checkpoints
+    in one table; another checkpoint (a tiny random one) gets a section of its own, labelled plumbing."""
+    chosen = [r for r in runs if r.study in BASELINE_STUDIES]
+    released = [r for r in chosen if r.config["model"]["source"] in RELEASED]
+    title = "MemoryLLM and M+ with and without defragmentation, accuracy (%)"
+    sections = [] if released else [Section("tab:defrag_memoryllm_mplus", title, missing="no runs yet: memdefrag "
+                                            "experiment=memoryllm_comparison and experiment=mplus_comparison "
+                                            "(the released checkpoints, a GPU)")]
+    groups = ([("", ", ".join(sorted({RELEASED[r.config['model']['source']] for r in released})), released)]
+              if released else [])
+    for source in sorted({r.config["model"]["source"] for r in chosen} - set(RELEASED)):
         mine = [r for r in chosen if r.config["model"]["source"] == source]
-        name = RELEASED.get(source, mine[0].model)
-        suffix = "" if source == next(iter(RELEASED)) else "_" + "".join(c if c.isalnum() else "_" for c in name)
+        groups.append(("_" + "".join(c if c.isalnum() else "_" for c in mine[0].model), mine[0].model, mine))
+    for suffix, name, mine in groups:
         section = Section(f"tab:defrag_memoryllm_mplus{suffix}", f"{name} with and without defragmentation "
                           "(layer, query mode: " + ", ".join(sorted({f"{r.config['method']['tracer_layer']} "
                                                                     f"{r.config['method']['query_mode']}"
@@ -145,9 +149,10 @@ def memoryllm_sections(root, runs, figures) -> list[Section]:
         figure = figures / f"{section.label.split(':')[1]}.png"
         accuracy_curves(section.table, figure)
         section.figure = str(figure.relative_to(root))
-        if source not in RELEASED:
+        if suffix:
+            source = mine[0].config["model"]["source"]
             section.after = (f"**Plumbing only**: `{source}` is not a released checkpoint (random weights); these "
-                             "runs show that the pipeline works end to end, not how well MemoryLLM remembers.")
+                             "runs show that the pipeline works end to end, not how well the model remembers.")
         sections.append(section)
     return sections
 
@@ -309,7 +314,6 @@ def speed_section(root: Path) -> Section:
 
 
 NOT_YET = {
-    "tab:defrag_mplus": "M+ with and without defragmentation: M+ is not built yet",
     "tab:larger_backbones": "no results: run experiment=larger_backbones on GPUs with the real weights",
 }
 

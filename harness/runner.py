@@ -123,8 +123,9 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
         log.info("resuming %s: %d of %d groups already finished", run_dir, len(folder.done), len(groups))
     for group in tqdm([g for g in groups if g.index not in folder.done], desc=f"{label} groups", unit="group",
                       initial=len(folder.done), total=len(groups)):
-        session = Session(model, tokenizer, backend, method.for_group(group.index), cfg.formation, cfg.prompt, cfg.max_new_tokens,
-                          reuse=formed, forgetting=forgetting.for_group(group.index), compressor=compressor)
+        session = Session(model, tokenizer, backend, method.for_group(group.index), cfg.formation, cfg.prompt,
+                          cfg.max_new_tokens, reuse=formed, forgetting=forgetting.for_group(group.index),
+                          compressor=compressor)
         start = time.perf_counter()
         try:
             for record in task.run_group(session, group):

@@ -41,7 +41,8 @@ class MemoryLLMConfig(LlamaConfig):
         self.num_tokens, self.num_blocks = num_tokens, num_blocks
         self.add_bos_embedding, self.drop_memory_per_layer = add_bos_embedding, drop_memory_per_layer
         self.add_decoder_lora, self.lora_config = add_decoder_lora, lora_config
-        self.num_ltm_blocks, self.ltm_initial_size, self.update_ltm_mode = num_ltm_blocks, ltm_initial_size, update_ltm_mode
+        self.num_ltm_blocks, self.ltm_initial_size = num_ltm_blocks, ltm_initial_size
+        self.update_ltm_mode = update_ltm_mode
         self.update_ltm_frequency, self.decay_frequency = update_ltm_frequency, decay_frequency
         self.initial_rf_when_moving_stm_to_ltm = initial_rf_when_moving_stm_to_ltm
         self.add_selector, self.selector_layers = add_selector, selector_layers

@@ -169,6 +169,9 @@ class MPlus(MemoryLLM):
         if getattr(model_config, "update_ltm_mode", "immediate") != "immediate":
             raise ValueError(f"method mplus reads update_ltm_mode 'immediate' (the released M+), got "
                              f"{model_config.update_ltm_mode!r}")
+        if getattr(model_config, "ltm_initial_size", 0) < 1:
+            raise ValueError("method mplus: this checkpoint has an empty long-term memory (ltm_initial_size 0); "
+                             "M+ retrieves from one at every question")
 
     def plan(self, memory, prompt_ids, backend) -> Plan:
         start = clock(backend.model.device)

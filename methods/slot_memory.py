@@ -70,7 +70,8 @@ class SlotMemory:
         if len(set(kept.tolist())) > 1:
             raise ValueError("this selection leaves the layers with different numbers of slots")
         picked = picked[:, : int(kept[0])]
-        states = self.states.gather(1, picked.unsqueeze(-1).expand(-1, -1, self.states.shape[-1]).to(self.states.device))
+        index = picked.unsqueeze(-1).expand(-1, -1, self.states.shape[-1]).to(self.states.device)
+        states = self.states.gather(1, index)
         return replace(self, states=states, origin=self.origin.gather(1, picked), order=fids)
 
     def reorder(self, order: list[int]) -> None:

@@ -10,8 +10,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")    # before transformers reads it: 
 
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, AutoTokenizer, CohereConfig, Gemma2Config, Gemma3TextConfig, Gemma4TextConfig,
-                          GemmaConfig,
+from transformers import (AutoModelForCausalLM, AutoTokenizer, CohereConfig, Gemma2Config, Gemma3TextConfig,
+                          Gemma4TextConfig, GemmaConfig,
                           GraniteConfig, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config, Phi3Config,
                           Qwen2Config, Qwen3Config, Qwen3MoeConfig, StableLmConfig)
 

@@ -56,7 +56,8 @@ def test_every_run_of_every_experiment_passes_preflight(experiment):
                 preflight(cfg)
 
 
-@pytest.mark.parametrize("study", ["runtime", "gpu_memory", "compression_comparison", "memoryllm_comparison"])
+@pytest.mark.parametrize("study", ["runtime", "gpu_memory", "compression_comparison", "memoryllm_comparison",
+                                   "mplus_comparison"])
 def test_a_studys_runs_are_marked_as_its_own(study):
     """Their tables take only these runs; the other tables leave them out."""
     assert composed(f"experiment={study}").study == study and composed().study is None

@@ -1,6 +1,6 @@
 """Every shipped experiment runs, every sweep point of it, in a tiny form: one group (of contexts cut to 200
 tokens, where the task cuts them) on the tiny checkpoint (capacity 5,000 tokens, so forgetting starts about half
-way through 50 updates). The tiny checkpoint stands in for every model (the tiny MemoryLLM for a MemoryLLM), so a
+way through 50 updates). The tiny checkpoint stands in for every model (a tiny MemoryLLM or M+ for theirs), so a
 model axis runs once, and a compression-rate axis too (the same code at another number; tests/test_config.py
 preflights every point)."""
 
@@ -10,10 +10,13 @@ from harness.runner import run
 from tests.conftest import EXPERIMENTS, sweep_points, tiny_run_config
 
 
+STAND_INS = {"memoryllm_comparison": "tiny_memoryllm", "mplus_comparison": "tiny_mplus"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_experiment_runs_in_tiny_form(tmp_path, tiny_checkpoint, tiny_memoryllm, experiment):
-    checkpoint = tiny_memoryllm if experiment.startswith("memoryllm") else tiny_checkpoint
+def test_experiment_runs_in_tiny_form(tmp_path, request, experiment):
+    checkpoint = request.getfixturevalue(STAND_INS.get(experiment, "tiny_checkpoint"))
     for i, point in enumerate(sweep_points(experiment, keep_first=("model", "compression.rate"))):
         cfg = tiny_run_config(checkpoint, f"experiment={experiment}", *point, "task.groups=1",
                               "max_new_tokens=2", "model.memory_capacity=5000", small_task=False)

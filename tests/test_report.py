@@ -92,27 +92,29 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
 
 def test_memoryllm_runs_get_their_table_and_only_the_released_checkpoint_joins_the_comparisons(tmp_path):
     released = {"name": "memoryllm_8b", "source": "YuWangX/memoryllm-8b"}
+    mplus = {"name": "mplus_8b", "source": "YuWangX/mplus-8b"}
     tiny = {"name": "memoryllm_tiny_random", "source": "/tmp/memoryllm_tiny"}
     info = {"threads": 1, "model": "x", "device": "cuda:0", "dtype": "bfloat16", "seconds": {"per_group": 64.19}}
-    for model in (released, tiny):
-        for job, (method, correct) in enumerate((("memoryllm", False), ("memoryllm_defrag", True))):
+    for model, kind in ((released, "memoryllm"), (mplus, "mplus"), (tiny, "memoryllm")):
+        for job, (method, correct) in enumerate(((kind, False), (f"{kind}_defrag", True))):
             fake_run(tmp_path / model["name"] / f"{job}_{method}", "Retention", method,
                      [{"group": 0, "step": 10, "correct": correct, "target_rank": 1}], info=info,
-                     study="memoryllm_comparison", model=model,
+                     study=f"{kind}_comparison", model=model,
                      method_options={"defragment": method.endswith("defrag"), "tracer_layer": 13, "query_mode": "last"})
     fake_run(tmp_path / "runtime" / "0_vanilla", "Retention", "vanilla", [{"group": 0, "step": 10, "correct": True}],
              "informativeness", {**info, "seconds": {"per_group": 75.07}}, study="runtime")
     readme = write(tmp_path).read_text()
     real = readme.split("(`tab:defrag_memoryllm_mplus`)")[1].split("\n## ")[0]
-    assert "MemoryLLM-8B with and without defragmentation (layer, query mode: 13 last)" in readme
-    assert re.search(r"\| nqa +\| 10 +\| +0 \| +100 \|", real) and "Plumbing" not in real
+    assert "M+-8B, MemoryLLM-8B with and without defragmentation (layer, query mode: 13 last)" in readme
+    assert re.search(r"\| nqa +\| 10 +\| +0 \| +100 \| +0 \| +100 \|", real) and "Plumbing" not in real
     plumbing = readme.split("(`tab:defrag_memoryllm_mplus_memoryllm_tiny_random`)")[1].split("\n## ")[0]
     assert "**Plumbing only**: `/tmp/memoryllm_tiny` is not a released checkpoint" in plumbing
     comparison = readme.split("(`tab:retention_comparison`)")[1].split("\n## ")[0]
-    assert "memoryllm" in comparison and "defrag" not in comparison and "tiny" not in comparison
+    assert "memoryllm" in comparison and "mplus" in comparison and "defrag" not in comparison
+    assert "tiny" not in comparison
     runtime = readme.split("(`tab:runtime`)")[1].split("\n## ")[0]
-    assert re.search(r"\| +memoryllm name=memoryllm_8b \| +vanilla\+informativeness name=smollm2 \|", runtime)
-    assert re.search(r"\| nqa +\| +64.19 \| +75.07 \|", runtime)
+    assert re.search(r"\| +memoryllm name=memoryllm_8b [^|]*\| +mplus name=mplus_8b [^|]*\| +vanilla", runtime)
+    assert re.search(r"\| nqa +\| +64.19 \| +64.19 \| +75.07 \|", runtime)
 
 
 def test_the_committed_results_readme_is_what_report_writes(tmp_path):

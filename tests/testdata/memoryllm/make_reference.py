@@ -68,7 +68,8 @@ for variant, extra in VARIANTS.items():
             logits = model(input_ids=question).logits[0]
         saved[f"{variant}/{start}"] = {"memories": memories, "logits": logits}
 MPLUS = dict(lora_config=LORA, add_decoder_lora=True, drop_memory_per_layer=True, num_blocks=6, num_ltm_blocks=2,
-             update_ltm_mode="immediate", update_ltm_frequency=2, decay_frequency=1, initial_rf_when_moving_stm_to_ltm=10,
+             update_ltm_mode="immediate", update_ltm_frequency=2, decay_frequency=1,
+             initial_rf_when_moving_stm_to_ltm=10,
              ltm_initial_size=24, add_selector=True, selector_hidden_dim=16, num_selector_layers=2,
              map_from_hidden_states=True, detach_hidden_state=True, add_encoder_retriever=True)
 model = modeling_mplus.MPlus(MemoryLLMConfig(**{**SHAPE, **MPLUS}, attn_implementation="eager")).eval()
