@@ -2,7 +2,8 @@
 # The GPU figures on one GPU with random weights of Llama-3.1-8B's shape (speed and memory only, never accuracy):
 # the per-question speed table in bf16 and fp16, then the paper's tab:runtime (a 50-update group, Top-1 and
 # vanilla, informativeness forgetting, asked at 10..50) and tab:gpu-memory (step 50, memory full at N_max)
-# through the harness on a saved random checkpoint.
+# through the harness on a saved random checkpoint; then MemoryLLM and M+ of the same size (random checkpoints of
+# memoryllm-8b's and mplus-8b's shapes) over a 50-update group each, for their columns of tab:runtime.
 # Usage: MEMDEFRAG_DATA=<folder with nqa/ and squad/> results/run_gpu.sh   (env OUT, default results/gpu;
 # CKPT, default /tmp/llama31_8b_random). On a lent device machine, carry the data in an ignored folder.
 set -euo pipefail
@@ -20,4 +21,10 @@ memdefrag experiment=runtime $model task.groups=2 method=vanilla,memdefrag_top1,
   task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime"
 # shellcheck disable=SC2086
 memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none hydra.sweep.dir="$out/gpu_memory"
+for kind in memoryllm mplus; do
+  [ -d "${ckpt}_$kind" ] || memdefrag-bench --device cuda --dtype bfloat16 --shape "${kind}_8b" --save-random "${ckpt}_$kind"
+  memdefrag experiment=runtime model=hf model.source="${ckpt}_$kind" model.name="${kind}_8b_random" model.dtype=bfloat16 \
+    model.tracer_layer=13 model.query_mode=last backend=hidden_prefix forgetting=none task.shuffle=false \
+    task.groups=2 method="$kind" task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime_$kind"
+done
 memdefrag report results

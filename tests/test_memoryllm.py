@@ -146,6 +146,15 @@ def test_a_retention_run_goes_end_to_end(tmp_path, request, method):
     assert all((r["target_rank"] is not None) == method.endswith("defrag") for r in records)
 
 
+def test_longbench_runs_unchanged_on_a_model_with_its_own_memory(tmp_path, tiny_mplus):
+    cfg = tiny_run_config(tiny_mplus, "task=longbench", "method=mplus_defrag", "backend=hidden_prefix",
+                          "task.groups=1", "task.max_tokens=100000", "task.chunking=fixed", "task.chunk_tokens=512",
+                          "model.query_mode=last", small_task=False)
+    metrics = run(cfg, str(tmp_path))
+    assert set(metrics["subset"]) == {"fictional_passages", "fictional_document"}
+    assert metrics["target_rank"].notna().all() and (metrics["memory_tokens"] == 6 * 16).all()
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["method=memoryllm"], "backend=fast: method=memoryllm reads its memory with backend=hidden_prefix"),
     (["method=memoryllm", "backend=hidden_prefix", "forgetting=informativeness"],
