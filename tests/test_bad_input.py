@@ -111,6 +111,9 @@ CASES = [
     (["compression=llmlingua", "compression.model=nobody/missing"], "compression.model='nobody/missing' is neither"),
     (["compression=llmlingua2", "compression.model=nobody/missing"], "compression.model='nobody/missing' is neither"),
     (["compression=nosuch"], "Could not find 'compression/nosuch'"),
+    (["method=memoryllm"], "backend=fast: method=memoryllm reads its memory with backend=hidden_prefix"),
+    (["method=mplus_defrag", "backend=hidden_prefix"], "method mplus needs a checkpoint of model_type 'memoryllm'"),
+    (["method=memoryllm", "method.defragment=maybe"], "method.defragment: Value 'maybe'"),
     (["compression=none", "compression.rate=0.5"], "compression.rate: Key 'rate' not in 'CompressionSchema'"),
     # a sweep: every job is checked before the first one starts
     (["-m", "method=vanilla,memdefrag", "model.tracer_layer=40"], "method.tracer_layer=40 is out of range: this "
