@@ -54,13 +54,21 @@ class LongTerm:
 
 @dataclass
 class MPlusMemory(SlotMemory):
-    """The pool (short-term memory) with its slots' ages [L, M], each layer's long-term memory, the cache of
-    dropped slots per layer (None when empty) and the slots written since the cache last joined."""
+    """The pool (short-term memory) with its slots' ages [L, M] (a new slot's: its distance from its
+    injection's end), each layer's long-term memory, the cache of dropped slots per layer (None when empty)
+    and the slots written since the cache last joined."""
 
     ages: np.ndarray | None = None
     long_term: list[LongTerm] = field(default_factory=list)
     cached: list[LongTerm] | None = None
     since_merge: int = 0
+
+    def taken(self, positions: torch.Tensor) -> dict:
+        return {**super().taken(positions), "ages": np.take_along_axis(self.ages, positions.cpu().numpy(), 1)}
+
+    def append(self, fid: int, states: torch.Tensor) -> None:
+        super().append(fid, states)
+        self.ages = np.concatenate([self.ages, np.tile(np.arange(states.shape[1])[::-1], (len(states), 1))], axis=1)
 
 
 class MPlusWriter(PoolWriter):
@@ -85,10 +93,8 @@ class MPlusWriter(PoolWriter):
         draws = [torch.randperm(total, generator=self.generator) for _ in layers]
         kept = torch.stack([d[: total - count].sort().values for d in draws])
         dropped = torch.stack([d[total - count:].sort().values for d in draws])
-        states = memory.states.gather(1, dropped.unsqueeze(-1).expand(-1, -1, new.shape[-1]).to(new.device))
-        ages = np.take_along_axis(memory.ages, dropped.numpy(), 1)
-        memory.ages = np.concatenate([np.take_along_axis(memory.ages, kept.numpy(), 1),
-                                      np.tile(np.arange(count)[::-1], (len(layers), 1))], axis=1)
+        leaving = memory.taken(dropped)
+        states, ages = leaving["states"], leaving["ages"]
         memory.keep(kept)
         memory.append(fragment.fid, new)
         for entry in memory.long_term + (memory.cached or []):

@@ -10,7 +10,7 @@ retrieved for a question), which stay first and are never moved.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -69,26 +69,28 @@ class SlotMemory:
         kept = (rank < len(fids)).sum(dim=1)
         if len(set(kept.tolist())) > 1:
             raise ValueError("this selection leaves the layers with different numbers of slots")
-        picked = picked[:, : int(kept[0])]
-        index = picked.unsqueeze(-1).expand(-1, -1, self.states.shape[-1]).to(self.states.device)
-        states = self.states.gather(1, index)
-        return replace(self, states=states, origin=self.origin.gather(1, picked), order=fids)
+        return replace(self, **self.taken(picked[:, : int(kept[0])]), order=fids)
+
+    def taken(self, positions: torch.Tensor) -> dict:
+        """Every per-slot field at per-layer `positions` [L, M'] (a subclass adds its own)."""
+        index = positions.unsqueeze(-1).expand(-1, -1, self.states.shape[-1]).to(self.states.device)
+        return {"states": self.states.gather(1, index), "origin": self.origin.gather(1, positions)}
 
     def reorder(self, order: list[int]) -> None:
         """Rearrange in place; `order` must be a permutation of range(len(self))."""
         if sorted(order) != list(range(len(self))):
             raise ValueError(f"order {order} is not a permutation of range({len(self)})")
         view = self.arranged(order)
-        self.states, self.origin, self.order = view.states, view.origin, view.order
+        for f in fields(self):
+            setattr(self, f.name, getattr(view, f.name))
 
     def keep(self, positions: torch.Tensor) -> None:
         """Keep the slots at sorted `positions`: [M'] at every layer alike, or [L, M'] per layer; a
         fragment left without a slot at every layer is forgotten."""
         if positions.dim() == 1:
             positions = positions.expand(self.states.shape[0], -1)
-        self.origin = self.origin.gather(1, positions)
-        index = positions.unsqueeze(-1).expand(-1, -1, self.states.shape[-1]).to(self.states.device)
-        self.states = self.states.gather(1, index)
+        for name, value in self.taken(positions).items():
+            setattr(self, name, value)
         present = set(self.origin.unique().tolist())
         self.order = [fid for fid in self.order if fid in present]
 

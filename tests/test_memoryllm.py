@@ -92,6 +92,20 @@ def test_mplus_defragmentation_keeps_the_retrieved_slots_first(reference):
     assert spans[0][0] == 1 + retrieved and spans[-1][1] == 1 + plan.latent.n_tokens
 
 
+def test_a_reordered_mplus_pool_keeps_every_slot_with_its_age(reference):
+    model = AutoModelForCausalLM.from_pretrained(REFERENCE / "tiny_mplus", dtype=torch.float32).eval()
+    writer = MPlusWriter(model, None, torch.Generator().manual_seed(reference["seed"]))
+    memory = writer.memory
+    for context in reference["contexts"]:
+        writer.admit(memory, writer.next_fragment(memory, "", kept=context.tolist()))
+    before = {(fid, tuple(state.tolist())): age for fid, state, age in
+              zip(memory.origin[1].tolist(), memory.states[1], memory.ages[1])}
+    memory.reorder(list(range(len(memory)))[::-1])
+    after = {(fid, tuple(state.tolist())): age for fid, state, age in
+             zip(memory.origin[1].tolist(), memory.states[1], memory.ages[1])}
+    assert after == before and memory.order[0] == 1 and memory.ages.shape == tuple(memory.states.shape[:2])
+
+
 def test_slots_remember_their_injection_through_per_layer_drops(reference):
     model, writer, _ = written("lora", "initialized", reference["seed"], reference["contexts"])
     memory, config = writer.memory, model.config
