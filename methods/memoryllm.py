@@ -73,6 +73,9 @@ def inject(model: MemoryLLMForCausalLM, memory: SlotMemory, ids: torch.Tensor) -
         outputs = stack.enter_context(last_outputs(model, count))
         stack.enter_context(model.writing())
         decoder_of(model)(inputs_embeds=inputs, position_ids=positions, use_cache=False)
+    if prefix is None:          # as the authors' code: with nothing to put before it, the next layer adds the
+        for layer_outputs in outputs[:-1]:      # embedding in place to the states it keeps as new slots
+            layer_outputs += model.new_memory_positional_emb[0].to(layer_outputs)
     return torch.stack(outputs)
 
 
