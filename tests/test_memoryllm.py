@@ -1,20 +1,21 @@
-"""MemoryLLM and M+, native: the same memory and logits as the authors' code (tests/testdata/memoryllm, made by
-make_reference.py there), defragmentation that moves whole injections, and whole runs on tiny checkpoints."""
+"""MemoryLLM and M+, native: the same checkpoint layout, memory and logits as the authors' code
+(tests/testdata/memoryllm: reference.pt, made by make_reference.py there from the tiny models tiny.py defines),
+defragmentation that moves whole injections, and whole runs on tiny checkpoints."""
 
 import json
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from harness.runner import run
 from methods.hidden_prefix import HiddenPrefixBackend
 from methods.memoryllm import MemoryLLM, PoolWriter
-from methods.memoryllm_model import MemoryLLMForCausalLM
+from methods.memoryllm_model import MemoryLLMConfig, MemoryLLMForCausalLM
 from methods.mplus import MPlus, MPlusWriter
 from methods.slot_memory import LEAD, SlotMemory
 from tests.conftest import tiny_run_config
+from tests.testdata.memoryllm.tiny import VARIANTS, fill
 
 REFERENCE = Path(__file__).parent / "testdata" / "memoryllm"
 
@@ -29,15 +30,29 @@ def reference():
     return torch.load(REFERENCE / "reference.pt")
 
 
-def written(variant: str, start: str, seed: int, contexts) -> tuple[MemoryLLMForCausalLM, PoolWriter, list]:
-    """The reference's tiny checkpoint `variant`, its pool as saved or emptied, after writing `contexts`;
+def tiny_model(reference, variant: str) -> MemoryLLMForCausalLM:
+    """This project's model of the reference's tiny `variant`: from the config the authors' code saved, with
+    the weights tiny.py fills in both."""
+    return fill(MemoryLLMForCausalLM(MemoryLLMConfig.from_dict(reference[f"{variant}/config"])))
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_authors_checkpoint_layout_is_the_one_this_project_loads(reference, variant):
+    """Every state-dict name and shape of the authors' model (LoRA adapters, pool, long-term memory, retriever
+    projections): their checkpoints load into this project's model as saved."""
+    ours = {name: tuple(t.shape) for name, t in tiny_model(reference, variant).state_dict().items()}
+    assert ours == reference[f"{variant}/layout"]
+
+
+def written(reference, variant: str, start: str) -> tuple[MemoryLLMForCausalLM, PoolWriter, list]:
+    """The reference's tiny `variant`, its pool as filled or emptied, after writing the reference's contexts;
     and the pool's states after each."""
-    model = AutoModelForCausalLM.from_pretrained(REFERENCE / f"tiny_{variant}", dtype=torch.float32).eval()
+    model = tiny_model(reference, variant)
     if start == "empty":
         model.initialized.fill_(0)
-    writer = PoolWriter(model, None, torch.Generator().manual_seed(seed))
+    writer = PoolWriter(model, None, torch.Generator().manual_seed(reference["seed"]))
     states = []
-    for context in contexts:
+    for context in reference["contexts"]:
         writer.admit(writer.memory, writer.next_fragment(writer.memory, "", kept=context.tolist()))
         states.append(writer.memory.states.clone())
     return model, writer, states
@@ -48,7 +63,7 @@ def written(variant: str, start: str, seed: int, contexts) -> tuple[MemoryLLMFor
 def test_memory_and_logits_are_the_authors(reference, variant, start):
     """plain: one random drop for every layer; lora: write and read adapters, a drop per layer."""
     expected = reference[f"{variant}/{start}"]
-    model, writer, states = written(variant, start, reference["seed"], reference["contexts"])
+    model, writer, states = written(reference, variant, start)
     for ours, theirs in zip(states, expected["memories"]):
         assert close(ours, theirs)
     logits, _, _ = HiddenPrefixBackend(model).prefill(writer.memory, reference["question"])
@@ -59,7 +74,7 @@ def test_mplus_memory_long_term_memory_and_logits_are_the_authors(reference):
     """Three injections: the second joins the cache of dropped slots to the long-term memory (some entries
     decay out), the third leaves one cache waiting; the question retrieves from both at every layer."""
     expected = reference["mplus"]
-    model = AutoModelForCausalLM.from_pretrained(REFERENCE / "tiny_mplus", dtype=torch.float32).eval()
+    model = tiny_model(reference, "mplus")
     writer = MPlusWriter(model, None, torch.Generator().manual_seed(reference["seed"]))
     memory = writer.memory
     for context, states, sizes in zip([*reference["contexts"], expected["third"]], expected["memories"],
@@ -78,7 +93,7 @@ def test_mplus_memory_long_term_memory_and_logits_are_the_authors(reference):
 
 
 def test_mplus_defragmentation_keeps_the_retrieved_slots_first(reference):
-    model = AutoModelForCausalLM.from_pretrained(REFERENCE / "tiny_mplus", dtype=torch.float32).eval()
+    model = tiny_model(reference, "mplus")
     writer = MPlusWriter(model, None, torch.Generator().manual_seed(reference["seed"]))
     for context in reference["contexts"]:
         writer.admit(writer.memory, writer.next_fragment(writer.memory, "", kept=context.tolist()))
@@ -93,7 +108,7 @@ def test_mplus_defragmentation_keeps_the_retrieved_slots_first(reference):
 
 
 def test_a_reordered_mplus_pool_keeps_every_slot_with_its_age(reference):
-    model = AutoModelForCausalLM.from_pretrained(REFERENCE / "tiny_mplus", dtype=torch.float32).eval()
+    model = tiny_model(reference, "mplus")
     writer = MPlusWriter(model, None, torch.Generator().manual_seed(reference["seed"]))
     memory = writer.memory
     for context in reference["contexts"]:
@@ -107,7 +122,7 @@ def test_a_reordered_mplus_pool_keeps_every_slot_with_its_age(reference):
 
 
 def test_slots_remember_their_injection_through_per_layer_drops(reference):
-    model, writer, _ = written("lora", "initialized", reference["seed"], reference["contexts"])
+    model, writer, _ = written(reference, "lora", "initialized")
     memory, config = writer.memory, model.config
     assert memory.order == [-4, -3, -2, -1, 0, 1] and memory.n_tokens == config.num_blocks * config.num_tokens
     assert (memory.origin[:, -config.num_tokens:] == 1).all()               # the newest injection is whole
@@ -119,7 +134,7 @@ def test_slots_remember_their_injection_through_per_layer_drops(reference):
 
 
 def test_defragmentation_moves_whole_injections_densest_last(reference):
-    model, writer, _ = written("lora", "initialized", reference["seed"], reference["contexts"])
+    model, writer, _ = written(reference, "lora", "initialized")
     memory = writer.memory
     plan = MemoryLLM(defragment=True, tracer_layer=1, query_mode="last").plan(
         memory, reference["question"], HiddenPrefixBackend(model))
@@ -137,7 +152,7 @@ def test_defragmentation_moves_whole_injections_densest_last(reference):
 
 
 def test_a_selection_that_would_leave_layers_uneven_is_refused(reference):
-    _, writer, _ = written("lora", "initialized", reference["seed"], reference["contexts"])
+    _, writer, _ = written(reference, "lora", "initialized")
     with pytest.raises(ValueError, match="different numbers of slots"):
         writer.memory.arranged([0, 5])
     with pytest.raises(ValueError, match="not a permutation"):
