@@ -122,17 +122,24 @@ class MPlusWriter(PoolWriter):
 
 
 def retrieved(layer, long_term: LongTerm, cached: LongTerm | None, prompt: torch.Tensor, count: int) -> torch.Tensor:
-    """The `count` entries [count, hidden] one layer retrieves for the prompt's input [T, hidden], oldest first."""
-    pool = long_term if cached is None else long_term.joined(cached)
+    """The `count` entries [count, hidden] one layer retrieves for the prompt's input [T, hidden], oldest first.
+    Entries are numbered long-term first, then cached; only the chosen states are copied."""
+    parts = [long_term] if cached is None else [long_term, cached]
     if len(long_term.keys) < count:             # too few long-term entries: all of them, cyclically
         index = torch.arange(len(long_term.keys)).repeat(-(-count // len(long_term.keys)))[-count:]
     else:
         queries = layer.self_attn.query_proj(layer.input_layernorm(prompt))
-        scores = (queries @ pool.keys.to(queries).T).sigmoid().mean(dim=0)
-        index = torch.topk(scores, k=count).indices.sort().values.cpu()
-    index = index.numpy()
-    oldest_first = np.argsort(pool.ages[index], kind="stable")[::-1].copy()
-    return pool.states[torch.from_numpy(index[oldest_first])]
+        keys = torch.cat([part.keys for part in parts]).to(queries)
+        index = torch.topk((queries @ keys.T).sigmoid().mean(dim=0), k=count).indices.sort().values.cpu()
+    ages = np.concatenate([part.ages for part in parts])[index.numpy()]
+    index = index[torch.from_numpy(np.argsort(ages, kind="stable")[::-1].copy())]
+    first = len(long_term.states)
+    chosen = long_term.states.new_empty(count, long_term.states.shape[-1])
+    old = index < first
+    chosen[old] = long_term.states[index[old]]
+    if cached is not None:
+        chosen[~old] = cached.states[index[~old] - first].to(chosen)
+    return chosen
 
 
 @torch.no_grad()
