@@ -137,6 +137,7 @@ class MemoryLLM(Method):
     keeps_own_memory = True
     model_type = MemoryLLMConfig.model_type
     long_term = False           # M+'s: a checkpoint with a long-term memory (num_ltm_blocks)
+    kind, other_kind = "memoryllm", ("mplus", "M+")        # the method's name; the other's, for a wrong checkpoint
 
     def __init__(self, defragment: bool = False, tracer_layer: int = 13, query_mode: str = "last", seed: int = 0):
         self.defragment, self.seed = defragment, seed
@@ -153,15 +154,14 @@ class MemoryLLM(Method):
             self.tracer.check(num_layers)
 
     def check_model(self, model_config) -> None:
-        name = "mplus" if self.long_term else "memoryllm"
-        if getattr(model_config, "model_type", None) != self.model_type:
-            raise ValueError(f"method {name} needs a checkpoint of model_type {self.model_type!r}, got "
-                             f"{getattr(model_config, 'model_type', None)!r}: use model={name}_8b or model=hf "
-                             f"model.source=<a folder of one>")
-        if bool(getattr(model_config, "num_ltm_blocks", 0)) != self.long_term:
-            raise ValueError(f"method {name}: this checkpoint is {'M+' if not self.long_term else 'MemoryLLM'} "
-                             f"(num_ltm_blocks={getattr(model_config, 'num_ltm_blocks', 0)}); use method="
-                             f"{'mplus' if not self.long_term else 'memoryllm'}")
+        name, (other, other_title) = self.kind, self.other_kind
+        found, blocks = getattr(model_config, "model_type", None), getattr(model_config, "num_ltm_blocks", 0)
+        if found != self.model_type:
+            raise ValueError(f"method {name} needs a checkpoint of model_type {self.model_type!r}, got {found!r}: "
+                             f"use model={name}_8b or model=hf model.source=<a folder of one>")
+        if bool(blocks) != self.long_term:
+            raise ValueError(f"method {name}: this checkpoint is {other_title} (num_ltm_blocks={blocks}); "
+                             f"use method={other}")
 
     def writer(self, model, tokenizer) -> PoolWriter:
         return PoolWriter(model, tokenizer, self.generator)

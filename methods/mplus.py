@@ -173,6 +173,7 @@ class MPlus(MemoryLLM):
     """An M+ checkpoint's memory; options as MemoryLLM's."""
 
     long_term = True
+    kind, other_kind = "mplus", ("memoryllm", "MemoryLLM")
 
     def writer(self, model, tokenizer) -> MPlusWriter:
         return MPlusWriter(model, tokenizer, self.generator)
