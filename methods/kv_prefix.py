@@ -56,23 +56,31 @@ class Placed:
     buffer that outlives a cache built on it: a later cache of a memory whose leading fragments are the
     same objects (fragments are never changed in place) keeps their placed keys and places only the
     rest. A trace's cache is dropped when its rows are read, so the trace keeps one of these between
-    questions; a cache that is decoded with gets a buffer of its own."""
+    questions; a cache that is decoded with gets a buffer of its own.
+
+    What a forward on the cache writes after the memory (a trace's prompt) also stays in the buffer:
+    `held` says how many of those positions a cache of the unchanged memory may keep."""
 
     def __init__(self, model, n_layers: int):
         self.model, self.n_layers = model, n_layers
         self.fragments: list = []                   # sink and fragments placed in the buffer, in order
         self.keys = self.values = None              # [n_layers, kv_heads, capacity, head_dim]
 
-    def cache(self, memory: LatentMemory, room: int) -> Cache:
+    def cache(self, memory: LatentMemory, room: int, held: int = 0) -> Cache:
+        """A cache of the memory with `room` positions after it; its first `held` of them are kept from
+        the last forward on this buffer when the memory is the one placed then (0 otherwise: see
+        `unchanged`)."""
         frags = [memory.sink, *memory.fragments]
         total = sum(len(f) for f in frags)
         kept = 0
         while kept < min(len(frags), len(self.fragments)) and frags[kept] is self.fragments[kept]:
             kept += 1
+        self.unchanged = kept == len(frags) == len(self.fragments)
+        held = held if self.unchanged else 0
         start = sum(len(f) for f in frags[:kept])
         if self.keys is None or self.keys.shape[2] < total + room:
             grown = self.keys is not None                   # a trace's memory grew: room for a few more updates
-            self._allocate(frags[0].keys, (total + room) * (9 if grown else 8) // 8, start)
+            self._allocate(frags[0].keys, (total + room) * (9 if grown else 8) // 8, start + held)
         rotary = Rotary.of(self.model)
         tables = rotary.tables(total, self.keys) if kept < len(frags) else None
         for f in frags[kept:]:
@@ -81,7 +89,7 @@ class Placed:
             self.values[:, :, start:end] = f.values[: self.n_layers].to(self.keys.device)
             start = end
         self.fragments = frags
-        return Cache(layers=[PrefixLayer(self.keys[i:i + 1], self.values[i:i + 1], total)
+        return Cache(layers=[PrefixLayer(self.keys[i:i + 1], self.values[i:i + 1], total + held)
                              for i in range(self.n_layers)])
 
     def _allocate(self, like: torch.Tensor, size: int, keep: int) -> None:
@@ -102,6 +110,8 @@ class KVPrefixBackend:
     def __init__(self, model):
         self.model = model
         self.traced: Placed | None = None     # the last trace's placed memory, kept for the next question
+        self.last_prompt = torch.empty(0, dtype=torch.long)     # and its prompt, whose keys/values follow it,
+        self.last_rows: dict[int, torch.Tensor] = {}            # and rows
 
     @staticmethod
     def check(model_config) -> None:
@@ -124,12 +134,38 @@ class KVPrefixBackend:
 
     @torch.no_grad()
     def attention_rows(self, memory: LatentMemory, prompt_ids: torch.Tensor, layers: list[int]):
-        """Head-averaged prompt rows [p, 1+N+p] of `layers`; stops after the last of them."""
+        """Head-averaged prompt rows [p, 1+N+p] of `layers`; stops after the last of them.
+
+        Over the memory of the last trace, the leading prompt tokens the last prompt had too (a chat
+        template's system turn) keep their keys, values and rows: only the tokens after them run."""
         upto = max(layers) + 1
         if self.traced is None or self.traced.n_layers != upto:
-            self.traced = Placed(self.model, upto)
-        cache = self.traced.cache(memory, room=len(prompt_ids))
-        return rows_after(self.model, cache, prompt_ids, 1 + memory.n_tokens, layers)
+            self.traced, self.last_rows = Placed(self.model, upto), {}
+        shared = 0
+        if all(layer in self.last_rows for layer in layers):
+            shared = min(common_prefix(self.last_prompt, prompt_ids), len(prompt_ids) - 1)
+        cache = self.traced.cache(memory, room=len(prompt_ids), held=shared)
+        shared = shared if self.traced.unchanged else 0
+        start = 1 + memory.n_tokens
+        rows = rows_after(self.model, cache, prompt_ids[shared:], start + shared, layers)
+        if shared:
+            width = start + len(prompt_ids)
+            rows = {layer: torch.cat([pad(self.last_rows[layer][:shared, : start + shared], width), rows[layer]])
+                    for layer in layers}
+        self.last_prompt, self.last_rows = prompt_ids.clone(), rows
+        return rows
+
+
+def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many leading ids `a` and `b` share."""
+    n = min(len(a), len(b))
+    differs = (a[:n] != b[:n]).nonzero()
+    return int(differs[0]) if len(differs) else n
+
+
+def pad(rows: torch.Tensor, width: int) -> torch.Tensor:
+    """Rows [q, w] widened to `width` columns with zeros: the attention of earlier rows to later keys."""
+    return torch.nn.functional.pad(rows, (0, width - rows.shape[1]))
 
 
 def run_after(model, cache: Cache, ids: torch.Tensor, start: int, **kwargs):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from methods.kv_prefix import PrefixLayer, rows_after, run_after
+from methods.kv_prefix import PrefixLayer, common_prefix, rows_after, run_after
 
 
 class TextPrefix:
@@ -50,10 +50,3 @@ class TextPrefix:
         cache = self.hold(text_ids)
         out = run_after(self.model, cache, prompt_ids, len(text_ids), logits_to_keep=1)
         return out.logits[0], cache, len(text_ids) + len(prompt_ids)
-
-
-def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
-    """How many leading ids `a` and `b` share."""
-    n = min(len(a), len(b))
-    differs = (a[:n] != b[:n]).nonzero()
-    return int(differs[0]) if len(differs) else n

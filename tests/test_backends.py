@@ -61,7 +61,7 @@ def test_fast_backend_never_recomputes_the_prefix(llama, tokenizer):
 
 def test_a_trace_reuses_what_did_not_move_and_gives_the_same_rows_bit_for_bit(family_model, tokenizer):
     """The trace keeps the placed memory between questions; after appends, reorders, selections,
-    forgetting and another prompt its rows equal a fresh backend's exactly."""
+    forgetting and another prompt (sharing no head with the last) its rows equal a fresh backend's exactly."""
     memory = formed(family_model, tokenizer, "shared_sink", FRAGMENTS[:3])
     grown = formed(family_model, tokenizer, "shared_sink", FRAGMENTS)
     grown.fragments[:3] = memory.fragments                      # the same objects, two appended
@@ -71,7 +71,7 @@ def test_a_trace_reuses_what_did_not_move_and_gives_the_same_rows_bit_for_bit(fa
     same_length = [LatentMemory(grown.sink, [grown.fragments[i].take(first)]) for i in (0, 1)]
     layers = [0, family_model.config.num_hidden_layers // 2]
     resident = KVPrefixBackend(family_model)
-    for view, prompt in [(memory, "where is the cat?"), (memory, "who?"), (grown, "who?"),
+    for view, prompt in [(memory, "where is the cat?"), (memory, "Who?"), (grown, "who?"),
                          (grown.arranged([0, 1, 4, 3, 2]), "who?"), (grown.arranged([4, 0]), "where?"),
                          (forgotten, "where is the cat?"), (memory, "where is the cat?"),
                          (same_length[0], "who?"), (same_length[1], "who?")]:
@@ -79,6 +79,36 @@ def test_a_trace_reuses_what_did_not_move_and_gives_the_same_rows_bit_for_bit(fa
         reused, fresh = resident.attention_rows(view, ids, layers), KVPrefixBackend(family_model).attention_rows(
             view, ids, layers)
         assert all(torch.equal(reused[layer], fresh[layer]) for layer in layers)
+
+
+def test_a_trace_over_the_same_memory_runs_only_the_prompt_after_the_head_it_shares(family_model, tokenizer):
+    """Over the last trace's memory, the leading prompt tokens the last prompt had too keep their keys, values and
+    rows (a repeated prompt runs its last token); a changed memory or a layer not traced before runs it all. The
+    rows are a fresh backend's."""
+    memory = formed(family_model, tokenizer, "shared_sink", FRAGMENTS[:3])
+    grown = formed(family_model, tokenizer, "shared_sink", FRAGMENTS)
+    grown.fragments[:3] = memory.fragments
+    head = torch.arange(40, 52)
+    asked, other = torch.cat([head, torch.arange(5, 12)]), torch.cat([head, torch.arange(20, 24)])
+    middle, last = family_model.config.num_hidden_layers // 2, family_model.config.num_hidden_layers - 1
+    ran = []
+    hook = family_model.get_input_embeddings().register_forward_hook(lambda m, i, o: ran.append(i[0].shape[1]))
+    resident = KVPrefixBackend(family_model)
+    try:
+        for view, prompt, layers, runs in [(memory, asked, [0, middle], len(asked)), (memory, other, [0, middle], 4),
+                                           (memory, other, [0, middle], 1), (memory, asked, [middle], 7),
+                                           (grown, asked, [middle], len(asked)), (grown, other, [0, middle], len(other)),
+                                           (grown, asked, [0, middle, last], len(asked)), (grown, other, [last], 4)]:
+            del ran[:]
+            rows = resident.attention_rows(view, prompt, layers)
+            assert ran == [runs]
+            fresh = KVPrefixBackend(family_model).attention_rows(view, prompt, layers)
+            for layer in layers:
+                torch.testing.assert_close(rows[layer], fresh[layer], atol=1e-5, rtol=0)
+                assert torch.equal(densities(rows[layer], view.spans(), "mean").argsort(),
+                                   densities(fresh[layer], view.spans(), "mean").argsort())
+    finally:
+        hook.remove()
 
 
 def test_tracing_stops_at_the_traced_layer(llama, tokenizer):
@@ -133,10 +163,11 @@ def test_grouped_sdpa_on_cpu_changes_no_number(family_model, tokenizer, monkeypa
 
     memory = formed(family_model, tokenizer, "shared_sink").arranged([2, 1, 0, 4, 3])
     prompt = torch.tensor(tokenizer("where is the cat?", add_special_tokens=False)["input_ids"])
-    backend, layers = KVPrefixBackend(family_model), list(range(family_model.config.num_hidden_layers))
+    layers = list(range(family_model.config.num_hidden_layers))
     results = []
     for grouped in ("0", "1"):
         monkeypatch.setenv(SDPA_GROUPED, grouped)
+        backend = KVPrefixBackend(family_model)
         logits, cache, position = backend.prefill(memory, prompt)
         results.append((logits, backend.attention_rows(memory, prompt, layers),
                         greedy(family_model, logits, cache, position, 8, {tokenizer.eos_token_id})))
