@@ -86,10 +86,12 @@ class HiddenPrefixBackend:
             return self.model(inputs_embeds=inputs, position_ids=positions, **kwargs), states.shape[1]
 
     @torch.no_grad()
-    def prefill(self, memory: LatentMemory, prompt_ids: torch.Tensor, room: int = 64):
-        """Prompt logits [p, vocab], the cache to decode with, and the next position."""
-        out, prefix_len = self._run(memory, prompt_ids, past_key_values=DynamicCache(), use_cache=True)
-        return out.logits[0, prefix_len:], out.past_key_values, prefix_len + len(prompt_ids)
+    def prefill(self, memory: LatentMemory, prompt_ids: torch.Tensor, room: int = 64, logits_to_keep: int = 0):
+        """The last `logits_to_keep` (0: all p) prompt logits [., vocab], the cache to decode with, and the
+        next position (the prefix's positions get no logits)."""
+        out, prefix_len = self._run(memory, prompt_ids, past_key_values=DynamicCache(), use_cache=True,
+                                    logits_to_keep=logits_to_keep or len(prompt_ids))
+        return out.logits[0], out.past_key_values, prefix_len + len(prompt_ids)
 
     @torch.no_grad()
     def attention_rows(self, memory: LatentMemory, prompt_ids: torch.Tensor, layers: list[int]):

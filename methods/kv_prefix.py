@@ -125,11 +125,12 @@ class KVPrefixBackend:
         return Placed(self.model, layers or self.model.config.get_text_config().num_hidden_layers).cache(memory, room)
 
     @torch.no_grad()
-    def prefill(self, memory: LatentMemory, prompt_ids: torch.Tensor, room: int = 64):
-        """Prompt logits [p, vocab], the cache to decode with, and the next position."""
+    def prefill(self, memory: LatentMemory, prompt_ids: torch.Tensor, room: int = 64, logits_to_keep: int = 0):
+        """The last `logits_to_keep` (0: all p) prompt logits [., vocab], the cache to decode with, and the
+        next position."""
         cache = self.cache(memory, room=len(prompt_ids) + room)
         start = 1 + memory.n_tokens
-        out = run_after(self.model, cache, prompt_ids, start)
+        out = run_after(self.model, cache, prompt_ids, start, logits_to_keep=logits_to_keep)
         return out.logits[0], cache, start + len(prompt_ids)
 
     @torch.no_grad()

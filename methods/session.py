@@ -106,7 +106,8 @@ class Session:
         plan = self.method.plan(self.memory, prompt_ids, self.backend)
         t1 = clock(device)
         if plan.latent is not None:
-            logits, cache, position = self.backend.prefill(plan.latent, prompt_ids, room=max_new_tokens)
+            logits, cache, position = self.backend.prefill(plan.latent, prompt_ids, room=max_new_tokens,
+                                                           logits_to_keep=1)
             memory_tokens = 1 + plan.latent.n_tokens
         else:
             text_ids = torch.empty(0, dtype=torch.long) if plan.text_ids is None else plan.text_ids

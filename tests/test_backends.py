@@ -46,6 +46,17 @@ def test_fast_equals_hidden_prefix(family_model, tokenizer, formation, view):
                                        densities(ref_rows[layer], memory.spans(), mode), atol=1e-5, rtol=0)
 
 
+def test_an_answer_computes_only_the_logits_it_reads(llama, tokenizer):
+    """Both backends give the last prompt row alone when asked (an answer reads nothing else), equal to the
+    last of all rows; the hidden-prefix backend never computes logits for the prefix's positions."""
+    memory = formed(llama, tokenizer, "shared_sink")
+    prompt = torch.tensor([5, 6, 7, 8])
+    for backend in (KVPrefixBackend(llama), HiddenPrefixBackend(llama)):
+        every, last = backend.prefill(memory, prompt)[0], backend.prefill(memory, prompt, logits_to_keep=1)[0]
+        assert every.shape[0] == len(prompt) and last.shape[0] == 1
+        torch.testing.assert_close(last, every[-1:], atol=1e-5, rtol=0)
+
+
 def test_fast_backend_never_recomputes_the_prefix(llama, tokenizer):
     """Only the prompt's positions go through the network."""
     memory = formed(llama, tokenizer, "shared_sink")
