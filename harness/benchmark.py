@@ -2,9 +2,10 @@
 
 Per memory size and method: time to first token (the method's trace and defragmentation, then the
 prefill), time per generated token and total time, every method decoding the same number of tokens
-(end-of-turn ids do not stop it), and the trace alone: for the first question after the memory is stored,
-and the best of --repeats other questions over the same memory (the trace keeps the placed memory and its
-prompt's shared head for the next question), side by side in one process,
+(end-of-turn ids do not stop it), and the trace alone: for the question right after the n-th fragment is
+stored (one over the first n-1 was asked before it, as in a retention run) and the best of --repeats other
+questions over the same memory (the trace keeps the placed memory and its prompt's shared head for the next
+question), side by side in one process,
 thread count, device and dtype stated. --hidden-prefix also times the paper's formulation and checks
 that its outputs equal the fast backend's (many minutes per point on a CPU). --shape runs a randomly
 initialised model of a real shape (speed and memory only, never accuracy) instead of the embedded
@@ -105,19 +106,23 @@ def save_random(shape: str, folder: str, device: str, dtype: str) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def timed(session: Session, questions: list[str]) -> dict:
-    """The first question's total (nothing of the memory placed for a trace yet: a question right after
-    an update), then the fastest answer to the other questions (each a different question against the
-    unchanged memory, as a deployed memory is asked): its phases, time to first token, per-token and
-    total time."""
-    answers = [session.ask(question) for question in questions]
+def timed(session: Session, memory: LatentMemory, questions: list[str]) -> dict:
+    """The total of the first question asked right after the memory's last fragment is stored (the rest was
+    asked about before), then the fastest answer to the other questions (each a different question against
+    the unchanged memory, as a deployed memory is asked): its phases, time to first token, per-token and
+    total time. The question before the update is not timed."""
+    *earlier, newest = memory.fragments
+    session.memory = LatentMemory(memory.sink, earlier)
+    before = session.ask(questions[0])
+    session.memory.append(newest)
+    answers = [session.ask(question) for question in questions[1:]]
     best = min(answers[1:], key=lambda answer: sum(answer.seconds.values()))
     seconds = best.seconds
     to_first_token = sum(v for k, v in seconds.items() if k != "decode")
-    return {"first_total_s": sum(answers[0].seconds.values()), "ttft_s": to_first_token,
+    return {"update_total_s": sum(answers[0].seconds.values()), "ttft_s": to_first_token,
             "per_token_ms": 1000 * seconds["decode"] / max(best.tokens - 1, 1),
             "total_s": to_first_token + seconds["decode"], "trace_s": seconds.get("trace", 0.0), "tokens": best.tokens,
-            "output": tuple(answer.text for answer in answers)}
+            "output": (before.text, *(answer.text for answer in answers))}
 
 
 def peak_gb(device: torch.device) -> float | None:
@@ -150,7 +155,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         check_device(args.device)
         if args.save_random and not args.shape:
             raise ConfigError("--save-random needs --shape (the embedded model has real weights already)")
-        Retention(args.dataset, args.data_dir, groups=1, updates=max(args.sizes)).check()
+        Retention(args.dataset, args.data_dir, groups=2 + args.repeats, updates=max(args.sizes)).check()
     return args
 
 
@@ -170,32 +175,33 @@ def main(argv: list[str] | None = None) -> None:
         backends["hidden_prefix"] = HiddenPrefixBackend
     rows = []
     for n in args.sizes:
-        retention = Retention(args.dataset, args.data_dir, groups=1 + args.repeats, updates=n)
+        retention = Retention(args.dataset, args.data_dir, groups=2 + args.repeats, updates=n)
         group, *others = retention.groups(tokenizer)
-        questions = [group.target.question, *(other.target.question for other in others)]
+        questions = [other.target.question for other in others]
+        questions.insert(1, group.target.question)          # asked right after the update
         former = Former(model, tokenizer, "shared_sink", keep_kv=True, keep_states=args.hidden_prefix)
         memory = LatentMemory()
         for text in group.texts():
             former.store(memory, text)
-        memory.reorder(torch.randperm(n, generator=torch.Generator().manual_seed(0)).tolist())
+        memory.reorder([*torch.randperm(n - 1, generator=torch.Generator().manual_seed(0)).tolist(), n - 1])
         for method_name, method in methods.items():
             for backend_name, backend in backends.items():
                 if method_name == "none" and backend_name != "fast":
                     continue
                 session = Session(model, tokenizer, backend(model), method, "shared_sink", "chat", args.new_tokens)
-                session.memory, session.stop = memory, set()
+                session.stop = set()
                 if model.device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(model.device)
                 rows.append({"n": n, "memory_tokens": memory.n_tokens, "method": method_name,
-                             "backend": backend_name, **timed(session, questions),
+                             "backend": backend_name, **timed(session, memory, questions),
                              "peak_gb": peak_gb(model.device)})
         print(pd.DataFrame(rows).drop(columns="output").tail(len(methods) * len(backends)).to_string(index=False),
               flush=True)
     table = summarize(pd.DataFrame(rows))
     where = (f"model={args.shape or 'smollm2'}{' (random weights)' if args.shape else ''}, "
              f"device={model.device}, dtype={args.dtype}, threads={torch.get_num_threads()}, "
-             f"dataset={args.dataset}, {args.new_tokens} generated tokens, first question then best of "
-             f"{args.repeats} others")
+             f"dataset={args.dataset}, {args.new_tokens} generated tokens, first question after the n-th update "
+             f"then best of {args.repeats} others")
     text = table.astype(object).where(table.notna(), "").to_markdown(index=False, floatfmt=".3g")
     print(f"\n{where}\n{text}")
     if args.out:
@@ -207,7 +213,7 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     """Every timing, the total against the no-memory question's, and whether both backends agree."""
     none = frame[frame.method == "none"].set_index("n")["total_s"]
     frame = frame.assign(vs_none=frame["total_s"] / frame["n"].map(none),
-                         first_vs_none=frame["first_total_s"] / frame["n"].map(none))
+                         update_vs_none=frame["update_total_s"] / frame["n"].map(none))
     fast = frame[frame.backend == "fast"].set_index(["n", "method"])
     slow = frame[frame.backend != "fast"]
     if not slow.empty:
