@@ -59,10 +59,12 @@ class Placed:
     questions; a cache that is decoded with gets a buffer of its own.
 
     What a forward on the cache writes after the memory (a trace's prompt) also stays in the buffer:
-    `held` says how many of those positions a cache of the unchanged memory may keep."""
+    `held` says how many of those positions a cache of the unchanged memory may keep. A buffer kept between
+    questions takes `slack` (a share of what it needs) more, so that the next updates and a longer prompt
+    fit without moving the placed memory."""
 
-    def __init__(self, model, n_layers: int):
-        self.model, self.n_layers = model, n_layers
+    def __init__(self, model, n_layers: int, slack: float = 0.0):
+        self.model, self.n_layers, self.slack = model, n_layers, slack
         self.fragments: list = []                   # sink and fragments placed in the buffer, in order
         self.keys = self.values = None              # [n_layers, kv_heads, capacity, head_dim]
 
@@ -79,8 +81,7 @@ class Placed:
         held = held if self.unchanged else 0
         start = sum(len(f) for f in frags[:kept])
         if self.keys is None or self.keys.shape[2] < total + room:
-            grown = self.keys is not None                   # a trace's memory grew: room for a few more updates
-            self._allocate(frags[0].keys, (total + room) * (9 if grown else 8) // 8, start + held)
+            self._allocate(frags[0].keys, int((total + room) * (1 + self.slack)), start + held)
         rotary = Rotary.of(self.model)
         tables = rotary.tables(total, self.keys) if kept < len(frags) else None
         for f in frags[kept:]:
@@ -141,7 +142,7 @@ class KVPrefixBackend:
         template's system turn) keep their keys, values and rows: only the tokens after them run."""
         upto = max(layers) + 1
         if self.traced is None or self.traced.n_layers != upto:
-            self.traced, self.last_rows = Placed(self.model, upto), {}
+            self.traced, self.last_rows = Placed(self.model, upto, slack=1 / 8), {}
         shared = 0
         if all(layer in self.last_rows for layer in layers):
             shared = min(common_prefix(self.last_prompt, prompt_ids), len(prompt_ids) - 1)

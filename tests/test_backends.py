@@ -122,6 +122,20 @@ def test_a_trace_over_the_same_memory_runs_only_the_prompt_after_the_head_it_sha
         hook.remove()
 
 
+def test_a_trace_keeps_its_buffer_through_a_longer_prompt_and_the_next_update(llama, tokenizer):
+    """The placed memory is not moved (a copy of every placed key and value) because the next prompt is one
+    token longer, or because a fragment far shorter than the memory was stored since."""
+    memory = formed(llama, tokenizer, "shared_sink", FRAGMENTS * 4)
+    resident = KVPrefixBackend(llama)
+    resident.attention_rows(memory, torch.arange(5, 9), [1])
+    buffer = resident.traced.keys.data_ptr()
+    resident.attention_rows(memory, torch.arange(5, 10), [1])
+    memory.append(formed(llama, tokenizer, "shared_sink", FRAGMENTS[3:4]).fragments[0])
+    rows = resident.attention_rows(memory, torch.arange(5, 10), [1])
+    assert resident.traced.keys.data_ptr() == buffer
+    assert torch.equal(rows[1], KVPrefixBackend(llama).attention_rows(memory, torch.arange(5, 10), [1])[1])
+
+
 def test_tracing_stops_at_the_traced_layer(llama, tokenizer):
     memory = formed(llama, tokenizer, "shared_sink")
     ran = []
