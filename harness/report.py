@@ -304,7 +304,8 @@ def tracer_summary_section() -> Section:
 
 
 def speed_section(root: Path) -> Section:
-    section = Section("speed", "Speed of one question: fast against hidden-prefix backend (memdefrag-bench)")
+    section = Section("speed", "Speed per question: each method against no memory, the fast backend against "
+                               "the hidden-prefix one (memdefrag-bench)")
     files = sorted(root.glob("speed*.md"))
     if files:
         section.text = "\n\n".join(f"`{f.name}`: " + f.read_text().strip() for f in files)
