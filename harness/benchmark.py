@@ -5,7 +5,7 @@ prefill), time per generated token and total time, every method decoding the sam
 (end-of-turn ids do not stop it), and the trace alone: for the question right after the n-th fragment is
 stored (one over the first n-1 was asked before it, as in a retention run) and the best of --repeats other
 questions over the same memory (the trace keeps the placed memory and its prompt's shared head for the next
-question), side by side in one process,
+question), the methods taking turns question by question in one process,
 thread count, device and dtype stated. --hidden-prefix also times the paper's formulation and checks
 that its outputs equal the fast backend's (many minutes per point on a CPU). --shape runs a randomly
 initialised model of a real shape (speed and memory only, never accuracy) instead of the embedded
@@ -21,6 +21,7 @@ SmolLM2; on a GPU the peak memory is the CUDA allocator's.
 from __future__ import annotations
 
 import argparse
+from collections import defaultdict
 from dataclasses import dataclass
 
 import pandas as pd
@@ -37,7 +38,7 @@ from methods.memdefrag import MemDefrag
 from methods.memory import LatentMemory
 from methods.memoryllm_model import MemoryLLMConfig
 from methods.none import NoMemory
-from methods.session import Session
+from methods.session import Answer, Session
 from methods.vanilla import Vanilla
 
 
@@ -106,27 +107,76 @@ def save_random(shape: str, folder: str, device: str, dtype: str) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def timed(session: Session, memory: LatentMemory, questions: list[str]) -> dict:
-    """The total of the first question asked right after the memory's last fragment is stored (the rest was
-    asked about before), then the fastest answer to the other questions (each a different question against
-    the unchanged memory, as a deployed memory is asked): its phases, time to first token, per-token and
-    total time. The question before the update is not timed."""
+class PeakMemory:
+    """Each session's own peak device memory while sessions take turns asking: what was allocated before any
+    of them asked (weights, the stored memory), what the session keeps between its questions (a trace's
+    placed memory) and the most one of its questions adds on top; the others' kept buffers are not its own.
+    None off a GPU."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.cuda = device, device.type == "cuda"
+        self.base = torch.cuda.memory_allocated(device) if self.cuda else 0
+        self.held: dict = defaultdict(int)
+        self.peak: dict = defaultdict(int)
+
+    def ask(self, key, session: Session, question: str) -> Answer:
+        if not self.cuda:
+            return session.ask(question)
+        before = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        answer = session.ask(question)
+        added = torch.cuda.max_memory_allocated(self.device) - before
+        self.peak[key] = max(self.peak[key], self.base + self.held[key] + added)
+        self.held[key] += torch.cuda.memory_allocated(self.device) - before
+        return answer
+
+    def gb(self, key) -> float | None:
+        return self.peak[key] / 2**30 if self.cuda else None
+
+
+def sessions_of(model, tokenizer, methods: dict, backends: dict, new_tokens: int) -> dict:
+    """A session per (method, backend), no memory on the fast backend only; no session stops at an end-of-turn
+    id, so that every method decodes `new_tokens`."""
+    sessions = {}
+    for method_name, method in methods.items():
+        for backend_name, backend in backends.items():
+            if method_name != "none" or backend_name == "fast":
+                session = Session(model, tokenizer, backend(model), method, "shared_sink", "chat", new_tokens)
+                session.stop = set()
+                sessions[method_name, backend_name] = session
+    return sessions
+
+
+def timed(sessions: dict, memory: LatentMemory, questions: list[str], meter: PeakMemory) -> dict:
+    """Per session: the question asked right after the memory's last fragment is stored (the first question,
+    over the rest, is not timed) and the best of the other questions over the unchanged memory. Questions go
+    round the sessions, so a burst of load on a shared host falls on one question of several methods, not on
+    every question of one, and each method's best drops it."""
     *earlier, newest = memory.fragments
-    session.memory = LatentMemory(memory.sink, earlier)
-    before = session.ask(questions[0])
-    session.memory.append(newest)
-    answers = [session.ask(question) for question in questions[1:]]
-    best = min(answers[1:], key=lambda answer: sum(answer.seconds.values()))
+    for session in sessions.values():
+        session.memory = LatentMemory(memory.sink, list(earlier))
+
+    def ask(question: str) -> dict:
+        return {key: meter.ask(key, session, question) for key, session in sessions.items()}
+
+    rounds = [ask(questions[0])]
+    for session in sessions.values():
+        session.memory.append(newest)
+    rounds += [ask(question) for question in questions[1:]]
+    return {key: {**timings([answers[key] for answers in rounds]), "peak_gb": meter.gb(key)} for key in sessions}
+
+
+def timings(answers: list[Answer]) -> dict:
+    """From one session's answers (before the update, right after it, then the others): the total right after
+    the update and the fastest other answer's phases, time to first token, per-token and total time."""
+    before, update, *others = answers
+    best = min(others, key=lambda answer: sum(answer.seconds.values()))
     seconds = best.seconds
     to_first_token = sum(v for k, v in seconds.items() if k != "decode")
-    return {"update_total_s": sum(answers[0].seconds.values()), "ttft_s": to_first_token,
+    return {"update_total_s": sum(update.seconds.values()), "ttft_s": to_first_token,
             "per_token_ms": 1000 * seconds["decode"] / max(best.tokens - 1, 1),
             "total_s": to_first_token + seconds["decode"], "trace_s": seconds.get("trace", 0.0), "tokens": best.tokens,
-            "output": (before.text, *(answer.text for answer in answers))}
-
-
-def peak_gb(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+            "output": tuple(answer.text for answer in answers)}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -184,18 +234,11 @@ def main(argv: list[str] | None = None) -> None:
         for text in group.texts():
             former.store(memory, text)
         memory.reorder([*torch.randperm(n - 1, generator=torch.Generator().manual_seed(0)).tolist(), n - 1])
-        for method_name, method in methods.items():
-            for backend_name, backend in backends.items():
-                if method_name == "none" and backend_name != "fast":
-                    continue
-                session = Session(model, tokenizer, backend(model), method, "shared_sink", "chat", args.new_tokens)
-                session.stop = set()
-                if model.device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(model.device)
-                rows.append({"n": n, "memory_tokens": memory.n_tokens, "method": method_name,
-                             "backend": backend_name, **timed(session, memory, questions),
-                             "peak_gb": peak_gb(model.device)})
-        print(pd.DataFrame(rows).drop(columns="output").tail(len(methods) * len(backends)).to_string(index=False),
+        sessions = sessions_of(model, tokenizer, methods, backends, args.new_tokens)
+        for (method_name, backend_name), timing in timed(sessions, memory, questions, PeakMemory(model.device)).items():
+            rows.append({"n": n, "memory_tokens": memory.n_tokens, "method": method_name, "backend": backend_name,
+                         **timing})
+        print(pd.DataFrame(rows).drop(columns="output").tail(len(sessions)).to_string(index=False),
               flush=True)
     table = summarize(pd.DataFrame(rows))
     where = (f"model={args.shape or 'smollm2'}{' (random weights)' if args.shape else ''}, "

@@ -1,8 +1,9 @@
 """memdefrag-bench end to end on a tiny random shape, the path a GPU run takes (--shape, --device, --dtype)."""
 
 import pandas as pd
+import torch
 
-from harness.benchmark import main
+from harness.benchmark import PeakMemory, main
 
 
 def test_the_benchmark_times_every_method_at_a_fixed_answer_length_and_checks_both_backends(tmp_path, capsys):
@@ -40,3 +41,38 @@ def test_the_benchmark_times_only_the_methods_asked_for(tmp_path):
           "--out", str(out)])
     rows = out.read_text().splitlines()[4:]
     assert len(rows) == 1 and "| vanilla " in rows[0]
+
+
+def test_each_sessions_peak_memory_is_its_own_while_sessions_take_turns(monkeypatch):
+    """On a GPU, a method's peak is what was there before any session asked, what it keeps between its
+    questions and the most one question adds, never the buffers another session keeps (a scripted allocator
+    stands in for the CUDA one, which this machine has not)."""
+    allocator = {"now": 100 * 2**30, "top": 0}
+
+    def take(size: int) -> None:
+        allocator["now"] += size * 2**30
+        allocator["top"] = max(allocator["top"], allocator["now"])
+
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocator["now"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocator["top"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: allocator.update(
+        top=allocator["now"]))
+
+    class Asking:
+        def __init__(self, keeps: int, needs: int):
+            self.keeps, self.needs = keeps, needs
+
+        def ask(self, question):
+            take(self.keeps)
+            self.keeps = 0
+            take(self.needs)
+            take(-self.needs)
+            return question
+
+    meter = PeakMemory(torch.device("cuda"))
+    tracer, plain = Asking(keeps=10, needs=5), Asking(keeps=0, needs=20)
+    for question in ["first", "second"]:
+        for key, session in [("tracer", tracer), ("plain", plain)]:
+            assert meter.ask(key, session, question) == question
+    assert meter.gb("tracer") == 115 and meter.gb("plain") == 120      # not 130: the tracer's 10 are not its own
+    assert PeakMemory(torch.device("cpu")).gb("plain") is None
