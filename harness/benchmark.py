@@ -2,11 +2,11 @@
 
 Per memory size and method: time to first token (the method's trace and defragmentation, then the
 prefill), time per generated token and total time, every method decoding the same number of tokens
-(end-of-turn ids do not stop it), and the trace alone: for the question right after the n-th fragment is
-stored (one over the first n-1 was asked before it, as in a retention run) and the best of --repeats other
-questions over the same memory (the trace keeps the placed memory and its prompt's shared head for the next
-question), the methods taking turns question by question in one process,
-thread count, device and dtype stated. --hidden-prefix also times the paper's formulation and checks
+(end-of-turn ids do not stop it), and the trace alone: the best of --repeats questions right after the n-th
+fragment is stored (one over the first n-1 was asked before, as in a retention run; the n-th is replaced by
+another for each of them) and of --repeats other questions over the same memory (the trace keeps the placed
+memory and its prompt's shared head for the next question), the methods taking turns question by question
+in one process, thread count, device and dtype stated. --hidden-prefix also times the paper's formulation and checks
 that its outputs equal the fast backend's (many minutes per point on a CPU). --shape runs a randomly
 initialised model of a real shape (speed and memory only, never accuracy) instead of the embedded
 SmolLM2; on a GPU the peak memory is the CUDA allocator's.
@@ -35,7 +35,7 @@ from methods.formation import Former
 from methods.hidden_prefix import HiddenPrefixBackend
 from methods.kv_prefix import KVPrefixBackend
 from methods.memdefrag import MemDefrag
-from methods.memory import LatentMemory
+from methods.memory import Fragment, LatentMemory
 from methods.memoryllm_model import MemoryLLMConfig
 from methods.none import NoMemory
 from methods.session import Answer, Session
@@ -147,33 +147,40 @@ def sessions_of(model, tokenizer, methods: dict, backends: dict, new_tokens: int
     return sessions
 
 
-def timed(sessions: dict, memory: LatentMemory, questions: list[str], meter: PeakMemory) -> dict:
-    """Per session: the question asked right after the memory's last fragment is stored (the first question,
-    over the rest, is not timed) and the best of the other questions over the unchanged memory. Questions go
-    round the sessions, so a burst of load on a shared host falls on one question of several methods, not on
-    every question of one, and each method's best drops it."""
-    *earlier, newest = memory.fragments
-    for session in sessions.values():
-        session.memory = LatentMemory(memory.sink, list(earlier))
+def timed(sessions: dict, memory: LatentMemory, stand_ins: list[Fragment], questions: list[str],
+          meter: PeakMemory) -> dict:
+    """Per session: a question over the memory's first n-1 fragments (not timed); then each of `stand_ins`,
+    last the memory's own n-th fragment, stored as the n-th in turn, each replacing the one before, with a
+    question each (the time of a question right after an update: nothing placed for the last question can be
+    reused); then the other questions over the memory. Questions go round the sessions, so a burst of load on
+    a shared host falls on one question of several methods, not on every question of one, and each method's
+    best drops it."""
 
-    def ask(question: str) -> dict:
-        return {key: meter.ask(key, session, question) for key, session in sessions.items()}
+    def ask(question: str, fragments: list[Fragment]) -> dict:
+        answers = {}
+        for key, session in sessions.items():
+            session.memory = LatentMemory(memory.sink, list(fragments))
+            answers[key] = meter.ask(key, session, question)
+        return answers
 
-    rounds = [ask(questions[0])]
-    for session in sessions.values():
-        session.memory.append(newest)
-    rounds += [ask(question) for question in questions[1:]]
-    return {key: {**timings([answers[key] for answers in rounds]), "peak_gb": meter.gb(key)} for key in sessions}
+    *earlier, last = memory.fragments
+    updates = [*stand_ins, last]
+    rounds = [ask(questions[0], earlier)]
+    rounds += [ask(question, [*earlier, fragment]) for question, fragment in zip(questions[1:], updates)]
+    rounds += [ask(question, memory.fragments) for question in questions[1 + len(updates):]]
+    return {key: {**timings([answers[key] for answers in rounds], len(updates)), "peak_gb": meter.gb(key)}
+            for key in sessions}
 
 
-def timings(answers: list[Answer]) -> dict:
-    """From one session's answers (before the update, right after it, then the others): the total right after
-    the update and the fastest other answer's phases, time to first token, per-token and total time."""
-    before, update, *others = answers
+def timings(answers: list[Answer], updates: int) -> dict:
+    """From one session's answers (before the updates, right after each of them, then the others): the fastest
+    total right after an update and the fastest other answer's phases, time to first token, per-token and
+    total time."""
+    after_update, others = answers[1:1 + updates], answers[1 + updates:]
     best = min(others, key=lambda answer: sum(answer.seconds.values()))
     seconds = best.seconds
     to_first_token = sum(v for k, v in seconds.items() if k != "decode")
-    return {"update_total_s": sum(update.seconds.values()), "ttft_s": to_first_token,
+    return {"update_total_s": min(sum(answer.seconds.values()) for answer in after_update), "ttft_s": to_first_token,
             "per_token_ms": 1000 * seconds["decode"] / max(best.tokens - 1, 1),
             "total_s": to_first_token + seconds["decode"], "trace_s": seconds.get("trace", 0.0), "tokens": best.tokens,
             "output": tuple(answer.text for answer in answers)}
@@ -205,7 +212,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         check_device(args.device)
         if args.save_random and not args.shape:
             raise ConfigError("--save-random needs --shape (the embedded model has real weights already)")
-        Retention(args.dataset, args.data_dir, groups=2 + args.repeats, updates=max(args.sizes)).check()
+        Retention(args.dataset, args.data_dir, groups=1 + 2 * args.repeats, updates=max(args.sizes)).check()
     return args
 
 
@@ -225,17 +232,19 @@ def main(argv: list[str] | None = None) -> None:
         backends["hidden_prefix"] = HiddenPrefixBackend
     rows = []
     for n in args.sizes:
-        retention = Retention(args.dataset, args.data_dir, groups=2 + args.repeats, updates=n)
+        retention = Retention(args.dataset, args.data_dir, groups=1 + 2 * args.repeats, updates=n)
         group, *others = retention.groups(tokenizer)
         questions = [other.target.question for other in others]
-        questions.insert(1, group.target.question)          # asked right after the update
+        questions.insert(args.repeats, group.target.question)      # asked right after the last update
         former = Former(model, tokenizer, "shared_sink", keep_kv=True, keep_states=args.hidden_prefix)
         memory = LatentMemory()
         for text in group.texts():
             former.store(memory, text)
         memory.reorder([*torch.randperm(n - 1, generator=torch.Generator().manual_seed(0)).tolist(), n - 1])
+        stand_ins = [former.next_fragment(memory, other.texts()[n - 1]) for other in others[1:args.repeats]]
         sessions = sessions_of(model, tokenizer, methods, backends, args.new_tokens)
-        for (method_name, backend_name), timing in timed(sessions, memory, questions, PeakMemory(model.device)).items():
+        per_session = timed(sessions, memory, stand_ins, questions, PeakMemory(model.device))
+        for (method_name, backend_name), timing in per_session.items():
             rows.append({"n": n, "memory_tokens": memory.n_tokens, "method": method_name, "backend": backend_name,
                          **timing})
         print(pd.DataFrame(rows).drop(columns="output").tail(len(sessions)).to_string(index=False),
@@ -243,8 +252,8 @@ def main(argv: list[str] | None = None) -> None:
     table = summarize(pd.DataFrame(rows))
     where = (f"model={args.shape or 'smollm2'}{' (random weights)' if args.shape else ''}, "
              f"device={model.device}, dtype={args.dtype}, threads={torch.get_num_threads()}, "
-             f"dataset={args.dataset}, {args.new_tokens} generated tokens, first question after the n-th update "
-             f"then best of {args.repeats} others")
+             f"dataset={args.dataset}, {args.new_tokens} generated tokens, best of {args.repeats} questions right "
+             f"after an update and of {args.repeats} others over the same memory, methods taking turns")
     text = table.astype(object).where(table.notna(), "").to_markdown(index=False, floatfmt=".3g")
     print(f"\n{where}\n{text}")
     if args.out:

@@ -8,7 +8,7 @@ from harness.benchmark import PeakMemory, main
 
 def test_the_benchmark_times_every_method_at_a_fixed_answer_length_and_checks_both_backends(tmp_path, capsys):
     out = tmp_path / "speed.md"
-    main(["--shape", "tiny", "--sizes", "2", "3", "--new-tokens", "5", "--repeats", "1", "--threads", "1",
+    main(["--shape", "tiny", "--sizes", "2", "3", "--new-tokens", "5", "--repeats", "2", "--threads", "1",
           "--hidden-prefix", "--out", str(out)])
     header, _, *lines = out.read_text().splitlines()
     assert header.startswith("model=tiny (random weights), device=cpu, dtype=float32, threads=1")
