@@ -186,6 +186,12 @@ def timings(answers: list[Answer], updates: int) -> dict:
             "output": tuple(answer.text for answer in answers)}
 
 
+def retention(args: argparse.Namespace, updates: int) -> Retention:
+    """The groups one memory size reads: one stores the memory; the others give the questions (one before the
+    updates, --repeats right after one, --repeats over the same memory) and the stand-in n-th fragments."""
+    return Retention(args.dataset, args.data_dir, groups=1 + 2 * args.repeats, updates=updates)
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="nqa")
@@ -212,7 +218,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         check_device(args.device)
         if args.save_random and not args.shape:
             raise ConfigError("--save-random needs --shape (the embedded model has real weights already)")
-        Retention(args.dataset, args.data_dir, groups=1 + 2 * args.repeats, updates=max(args.sizes)).check()
+        retention(args, max(args.sizes)).check()
     return args
 
 
@@ -232,8 +238,7 @@ def main(argv: list[str] | None = None) -> None:
         backends["hidden_prefix"] = HiddenPrefixBackend
     rows = []
     for n in args.sizes:
-        retention = Retention(args.dataset, args.data_dir, groups=1 + 2 * args.repeats, updates=n)
-        group, *others = retention.groups(tokenizer)
+        group, *others = retention(args, n).groups(tokenizer)
         questions = [other.target.question for other in others]
         questions.insert(args.repeats, group.target.question)      # asked right after the last update
         former = Former(model, tokenizer, "shared_sink", keep_kv=True, keep_states=args.hidden_prefix)
