@@ -24,6 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import methods.memoryllm_model  # noqa: F401 - registers model_type memoryllm with transformers' auto classes
 from harness.errors import ConfigError
+from methods import decoder
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -163,14 +164,20 @@ def _loading_error(spec: ModelSpec, err: Exception) -> ConfigError:
 
 
 def check_source(spec: ModelSpec):
-    """(model config, tokenizer), or one clear error naming the model, before any weights load or convert."""
+    """(model config, tokenizer), or one clear error naming the model, before any weights load or convert:
+    the source must be readable and its decoder one whose layers can be latent memory."""
     if spec.dtype not in DTYPES:
         raise ConfigError(f"model.dtype={spec.dtype!r} is not one of {sorted(DTYPES)}")
     check_device(spec.device)
     try:
-        return _config_and_tokenizer(*_where(spec)[:2], spec.trust_remote_code)
+        config, tokenizer = _config_and_tokenizer(*_where(spec)[:2], spec.trust_remote_code)
     except (OSError, ValueError, KeyError) as err:
         raise _loading_error(spec, err) from None
+    try:
+        decoder.check(config)
+    except decoder.DecoderError as err:
+        raise ConfigError(f"model.source={spec.source!r}: {err}") from None
+    return config, tokenizer
 
 
 @functools.lru_cache(maxsize=8)

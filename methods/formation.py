@@ -19,7 +19,8 @@ import torch
 from transformers import DynamicCache
 
 from methods.memory import Fragment, LatentMemory
-from methods.positions import Rotary, decoder_of, watching_rotary
+from methods.decoder import layers
+from methods.positions import Rotary, watching_rotary
 
 FORMATIONS = ("reference", "shared_sink")
 
@@ -40,7 +41,7 @@ def capture_layer_inputs(model):
     def hook(module, args, kwargs):
         captured.append((args[0] if args else kwargs["hidden_states"]).detach())
 
-    handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in decoder_of(model).layers]
+    handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in layers(model)]
     try:
         yield captured
     finally:
@@ -139,9 +140,9 @@ class Former:
             self_info = torch.cat([torch.tensor([float("inf")], device=device), nll]).cpu()
         fragment = Fragment(fid, text, ids, self_info)
         if self.keep_kv:
-            keys = Rotary.of(self.model).unrotated(rotated, cache)
+            keys, values = Rotary.of(self.model).unrotated(rotated, cache)
             fragment.keys = torch.stack(keys).cpu()                         # [L, kv, T, d]
-            fragment.values = torch.cat([layer.values for layer in cache.layers]).cpu()
+            fragment.values = torch.stack(values).cpu()                     # [L, kv, T, d_v]
         if self.keep_states:
             fragment.states = torch.cat(inputs).cpu()                      # [L, T, hidden]
         return fragment

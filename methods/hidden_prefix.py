@@ -14,8 +14,8 @@ import torch
 from transformers import DynamicCache
 
 from methods.memory import LatentMemory
-from methods.positions import decoder_of
-from methods.tracing import StopForward, until_stopped
+from methods.decoder import embeddings, layers
+from methods.tracing import eager_attention, returned_weights, until_stopped
 
 
 @contextmanager
@@ -31,7 +31,7 @@ def edited_layer_inputs(model, edit):
         return hook
 
     handles = [layer.register_forward_pre_hook(make_hook(i), with_kwargs=True)
-               for i, layer in enumerate(decoder_of(model).layers)]
+               for i, layer in enumerate(layers(model))]
     try:
         yield
     finally:
@@ -51,17 +51,6 @@ def stored_prefix(model, states: torch.Tensor):
     return edited_layer_inputs(model, replace)
 
 
-@contextmanager
-def eager_attention(model):
-    """Switch the model to eager attention so it returns attention weights."""
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)
-
-
 class HiddenPrefixBackend:
     """Runs prompts with the memory injected as hidden states at every layer."""
 
@@ -77,7 +66,7 @@ class HiddenPrefixBackend:
 
     def _run(self, memory: LatentMemory, prompt_ids: torch.Tensor, **kwargs):
         states = memory.stacked("states", dim=1)                       # [L, 1+N, hidden]
-        embed = decoder_of(self.model).embed_tokens
+        embed = embeddings(self.model)
         prompt = embed(prompt_ids.view(1, -1).to(self.model.device))
         dummy = prompt.new_zeros(1, states.shape[1], prompt.shape[-1])
         inputs = torch.cat([dummy, prompt], dim=1)
@@ -96,21 +85,6 @@ class HiddenPrefixBackend:
     @torch.no_grad()
     def attention_rows(self, memory: LatentMemory, prompt_ids: torch.Tensor, layers: list[int]):
         """Head-averaged prompt rows [p, S] of `layers`, read off eager attention weights [heads, S, S]."""
-        p, rows, last = len(prompt_ids), {}, max(layers)
-
-        def make_hook(index):
-            def hook(module, args, output):
-                rows[index] = output[1][0, :, -p:].float().mean(dim=0)
-                if index == last:
-                    raise StopForward
-            return hook
-
-        attention = [decoder_of(self.model).layers[l].self_attn for l in layers]
-        handles = [a.register_forward_hook(make_hook(l)) for a, l in zip(attention, layers)]
-        try:
-            with eager_attention(self.model):
-                until_stopped(self._run, memory, prompt_ids, use_cache=False)
-        finally:
-            for h in handles:
-                h.remove()
+        with eager_attention(self.model), returned_weights(self.model, layers, len(prompt_ids)) as rows:
+            until_stopped(self._run, memory, prompt_ids, use_cache=False)
         return rows

@@ -13,19 +13,26 @@ import torch
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 from transformers.cache_utils import Cache, DynamicLayer
 
-from methods.memory import LatentMemory
-from methods.positions import Rotary, RotaryError, has_rotary_function
+from methods.memory import Fragment, LatentMemory
+from methods import decoder
+from methods.positions import Rotary, RotaryError, has_rotary_function, no_rotary_function
 from methods.tracing import recording_attention, until_stopped
 
 
 class PrefixLayer(DynamicLayer):
-    """A cache layer preloaded with the memory and with room to grow in place.
+    """A cache layer preloaded with the memory (or empty, shaped by what it first receives) and with room
+    to grow in place.
 
     buffer: [1, kv_heads, capacity, head_dim]; keys/values are views of the filled part.
     """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int):
+    def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, filled: int = 0):
         super().__init__()
+        self._k = self._v = None
+        if keys is not None:
+            self._hold(keys, values, filled)
+
+    def _hold(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
         self._k, self._v, self.filled = keys, values, filled
         self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
         self._expose()
@@ -34,6 +41,8 @@ class PrefixLayer(DynamicLayer):
         self.keys, self.values = self._k[:, :, : self.filled], self._v[:, :, : self.filled]
 
     def update(self, key_states, value_states, *args, **kwargs):
+        if self._k is None:
+            self._hold(key_states[:, :, :0], value_states[:, :, :0], 0)
         end = self.filled + key_states.shape[-2]
         if end > self._k.shape[2]:
             grow = max(end - self._k.shape[2], self._k.shape[2] // 2)
@@ -48,7 +57,8 @@ class PrefixLayer(DynamicLayer):
     def rewind(self, length: int) -> None:
         """Keep only the first `length` positions; what was written after them is overwritten later."""
         self.filled = length
-        self._expose()
+        if self._k is not None:
+            self._expose()
 
 
 class Placed:
@@ -81,22 +91,24 @@ class Placed:
         held = held if self.unchanged else 0
         start = sum(len(f) for f in frags[:kept])
         if self.keys is None or self.keys.shape[2] < total + room:
-            self._allocate(frags[0].keys, int((total + room) * (1 + self.slack)), start + held)
+            self._allocate(frags[0], int((total + room) * (1 + self.slack)), start + held)
         rotary = Rotary.of(self.model)
         tables = rotary.tables(total, self.keys) if kept < len(frags) else None
         for f in frags[kept:]:
             end = start + len(f)
-            rotary.place(self.keys[:, :, start:end], f.keys[: self.n_layers].to(self.keys.device), tables, start)
-            self.values[:, :, start:end] = f.values[: self.n_layers].to(self.keys.device)
+            rotary.place(self.keys[:, :, start:end], f.keys[: self.n_layers].to(self.keys.device), 0, tables, start)
+            rotary.place(self.values[:, :, start:end], f.values[: self.n_layers].to(self.keys.device), 1, tables,
+                         start)
             start = end
         self.fragments = frags
         return Cache(layers=[PrefixLayer(self.keys[i:i + 1], self.values[i:i + 1], total + held)
                              for i in range(self.n_layers)])
 
-    def _allocate(self, like: torch.Tensor, size: int, keep: int) -> None:
-        """A buffer of `size` positions holding the first `keep` placed ones of the old buffer."""
-        keys = like.new_empty(self.n_layers, like.shape[1], size, like.shape[3], device=self.model.device)
-        values = torch.empty_like(keys)
+    def _allocate(self, like: Fragment, size: int, keep: int) -> None:
+        """A buffer of `size` positions holding the first `keep` placed ones of the old buffer (keys and values
+        may differ in heads and width: multi-head latent attention caches a latent and a rotated part)."""
+        keys, values = (t.new_empty(self.n_layers, t.shape[1], size, t.shape[3], device=self.model.device)
+                        for t in (like.keys, like.values))
         if keep:
             keys[:, :, :keep], values[:, :, :keep] = self.keys[:, :, :keep], self.values[:, :, :keep]
         self.keys, self.values = keys, values
@@ -116,10 +128,21 @@ class KVPrefixBackend:
 
     @staticmethod
     def check(model_config) -> None:
-        """Before any weights load: the family must apply rotary positions (RotaryError otherwise)."""
+        """Before any weights load: what the store and the re-placing cannot hold (RotaryError): positions
+        applied other than by a rotary function, layers reading another layer's keys and values, keys of
+        different shapes across layers."""
+        kind = model_config.model_type
         model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(model_config), None)
         if model_class is not None and not has_rotary_function(model_class):
-            raise RotaryError(f"needs rotary positions; model type {model_config.model_type!r} has none")
+            raise RotaryError(no_rotary_function(model_config, model_class.__module__))
+        shared = decoder.shared_layers(model_config)
+        if shared:
+            raise RotaryError(f"stores each layer's own keys and values; model type {kind!r} shares them across "
+                              f"layers (layers {shared} read another layer's)")
+        shapes = decoder.key_shapes(model_config)
+        if len(shapes) > 1:
+            raise RotaryError(f"stores one key shape for every layer; model type {kind!r} has (kv heads, head width) "
+                              + ", ".join(f"{shape} at layers {where}" for shape, where in shapes.items()))
 
     def cache(self, memory: LatentMemory, room: int, layers: int | None = None) -> Cache:
         """A cache holding the memory of `layers` first layers at positions 0..N, with `room` to grow."""
@@ -180,6 +203,6 @@ def run_after(model, cache: Cache, ids: torch.Tensor, start: int, **kwargs):
 def rows_after(model, cache: Cache, prompt_ids: torch.Tensor, start: int, layers: list[int]):
     """Head-averaged prompt rows [p, start+p] of `layers` from the prompt run after `cache`;
     the forward stops after the last of them."""
-    with recording_attention(model, layers) as rows:
+    with recording_attention(model, layers, len(prompt_ids)) as rows:
         until_stopped(run_after, model, cache, prompt_ids, start)
     return rows

@@ -18,7 +18,9 @@ import torch
 class Fragment:
     """One stored knowledge fragment of T tokens.
 
-    keys, values: [layers, kv_heads, T, head_dim], position-free (taken before RoPE), or None.
+    keys, values: [layers, kv_heads, T, head_dim], position-free (taken before RoPE), or None; values may
+                  differ from keys in heads and width (multi-head latent attention caches a latent and a
+                  rotated part).
     states:       [layers, T, hidden], the input of every decoder layer, or None.
     self_info:    [T] nats, -log p(token | its own preceding tokens); inf where unknown.
     token_ids and self_info are [layers, T] once layers have evicted different positions.
@@ -202,8 +204,8 @@ def _fragment(entry, where: str) -> Fragment:
             raise ValueError(f"{where}: {name} must be a float tensor of {dims} dims holding its {length} tokens "
                              f"at dim {token_dim}, got {getattr(t, 'shape', type(t).__name__)}")
     if (fragment.keys is None) != (fragment.values is None) or \
-            (fragment.keys is not None and fragment.keys.shape != fragment.values.shape):
-        raise ValueError(f"{where}: keys and values must both be present, of one shape")
+            (fragment.keys is not None and fragment.keys.shape[0] != fragment.values.shape[0]):
+        raise ValueError(f"{where}: keys and values must both be present, for the same layers")
     return fragment
 
 

@@ -27,7 +27,7 @@ from methods.hidden_prefix import edited_layer_inputs, stored_prefix
 from methods.memdefrag import MemDefrag
 from methods.memory import Fragment
 from methods.memoryllm_model import MemoryLLMConfig, MemoryLLMForCausalLM
-from methods.positions import decoder_of
+from methods.decoder import embeddings, layers
 from methods.slot_memory import SlotMemory
 
 
@@ -48,7 +48,7 @@ def last_outputs(model, count: int):
         hidden = output[0] if isinstance(output, tuple) else output
         outputs.append(hidden[0, -count:].detach())
 
-    handles = [layer.register_forward_hook(hook) for layer in decoder_of(model).layers]
+    handles = [layer.register_forward_hook(hook) for layer in layers(model)]
     try:
         yield outputs
     finally:
@@ -62,7 +62,7 @@ def inject(model: MemoryLLMForCausalLM, memory: SlotMemory, ids: torch.Tensor) -
     count = model.config.num_tokens
     prefix = None if memory.states is None else \
         torch.cat([t for t in (memory.sink, memory.states[:, -count:]) if t is not None], dim=1)
-    embeds = decoder_of(model).embed_tokens(ids.view(1, -1).to(model.device))
+    embeds = embeddings(model)(ids.view(1, -1).to(model.device))
     width = 0 if prefix is None else prefix.shape[1]
     inputs = torch.cat([embeds.new_zeros(1, width, embeds.shape[-1]), embeds], dim=1)
     positions = torch.arange(inputs.shape[1], device=model.device).view(1, -1)
@@ -72,7 +72,7 @@ def inject(model: MemoryLLMForCausalLM, memory: SlotMemory, ids: torch.Tensor) -
         stack.enter_context(added_to_last(model, model.new_memory_positional_emb, count))
         outputs = stack.enter_context(last_outputs(model, count))
         stack.enter_context(model.writing())
-        decoder_of(model)(inputs_embeds=inputs, position_ids=positions, use_cache=False)
+        model.get_decoder()(inputs_embeds=inputs, position_ids=positions, use_cache=False)
     if prefix is None:          # as the authors' code: with nothing to put before it, the next layer adds the
         for layer_outputs in outputs[:-1]:      # embedding in place to the states it keeps as new slots
             layer_outputs += model.new_memory_positional_emb[0].to(layer_outputs)

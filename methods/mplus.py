@@ -28,7 +28,7 @@ from methods.base import Plan
 from methods.generation import clock
 from methods.hidden_prefix import edited_layer_inputs
 from methods.memoryllm import MemoryLLM, PoolWriter
-from methods.positions import decoder_of
+from methods.decoder import embeddings, layers
 from methods.slot_memory import LEAD, SlotMemory
 from methods.tracing import StopForward, until_stopped
 
@@ -87,10 +87,10 @@ class MPlusWriter(PoolWriter):
 
     @torch.no_grad()
     def admit(self, memory: MPlusMemory, fragment) -> int:
-        config, layers = self.model.config, decoder_of(self.model).layers
+        config, blocks = self.model.config, layers(self.model)
         new, total = fragment.states, memory.n_tokens
         count = new.shape[1]
-        draws = [torch.randperm(total, generator=self.generator) for _ in layers]
+        draws = [torch.randperm(total, generator=self.generator) for _ in blocks]
         kept = torch.stack([d[: total - count].sort().values for d in draws])
         dropped = torch.stack([d[total - count:].sort().values for d in draws])
         leaving = memory.taken(dropped)
@@ -101,7 +101,7 @@ class MPlusWriter(PoolWriter):
             entry.ages = entry.ages + config.num_tokens
         gone = [LongTerm(states[i], layer.self_attn.key_proj(layer.input_layernorm(states[i])),
                          np.full(count, float(config.initial_rf_when_moving_stm_to_ltm)), ages[i])
-                for i, layer in enumerate(layers)]
+                for i, layer in enumerate(blocks)]
         memory.cached = gone if memory.cached is None else [c.joined(g) for c, g in zip(memory.cached, gone)]
         memory.since_merge += config.num_tokens
         if memory.since_merge >= config.update_ltm_frequency * config.num_tokens:
@@ -146,20 +146,20 @@ def retrieved(layer, long_term: LongTerm, cached: LongTerm | None, prompt: torch
 def retrieval_view(model, memory: MPlusMemory, prompt_ids: torch.Tensor) -> SlotMemory:
     """The memory every layer reads for this prompt: its retrieved long-term slots (leading, no fragment's),
     then the pool."""
-    config, decoder = model.config, decoder_of(model)
+    config, decoder, blocks = model.config, model.get_decoder(), layers(model)
     count = config.num_ltm_blocks * config.num_tokens
     width = (memory.sink.shape[1] if memory.sink is not None else 0) + count + memory.n_tokens
     chosen: list[torch.Tensor] = []
 
     def retrieve(index, hidden):
         cached = None if memory.cached is None else memory.cached[index]
-        chosen.append(retrieved(decoder.layers[index], memory.long_term[index], cached, hidden[0, width:], count))
+        chosen.append(retrieved(blocks[index], memory.long_term[index], cached, hidden[0, width:], count))
         sink = [] if memory.sink is None else [memory.sink[index]]
         hidden[:, :width] = torch.cat([*sink, chosen[-1], memory.states[index]]).to(hidden)
-        if index == len(decoder.layers) - 1:
+        if index == len(blocks) - 1:
             raise StopForward                   # the last layer's retrieval is all that is left to know
 
-    embeds = decoder.embed_tokens(prompt_ids.view(1, -1).to(model.device))
+    embeds = embeddings(model)(prompt_ids.view(1, -1).to(model.device))
     inputs = torch.cat([embeds.new_zeros(1, width, embeds.shape[-1]), embeds], dim=1)
     positions = torch.arange(inputs.shape[1], device=model.device).view(1, -1)
     with edited_layer_inputs(model, retrieve):

@@ -1,15 +1,17 @@
 """Rotary positions as each model applies them, given at query time to keys stored without them.
 
-No layout is assumed. A short probe forward watches the function every Hugging Face RoPE
-family calls inside its attention (`apply_rotary_pos_emb` of its modeling module, called as
-f(q, k, cos, sin) or once per tensor as f(x, cos, sin)) and learns, per layer: which rotated
-tensor is the key (the one that reaches the cache), which rotary table it was given (matched
-against the decoder's rotary embeddings, once per layer type where a family has several, e.g.
-Gemma-3's sliding and global layers), how many leading key dims it rotates (partial rotary done
-outside the function, e.g. StableLM), and which axis holds the heads (Gemma-4: the second).
-Stored keys are what that function was given (the unrotated rest of the head appended); they get
-positions by the same function, with tables for the new positions. A layer whose cached keys are
-not one such rotation (e.g. keys shared across layers) is refused.
+No layout is assumed. A short probe forward watches the functions every Hugging Face RoPE family
+calls inside its attention (the `apply_rotary*` functions of its modeling module that take `cos` and
+`sin`: f(q, k, cos, sin), once per tensor f(x, cos, sin), DeepSeek's interleaved variant) and learns,
+per cache layer and per cached tensor (keys, or values where a family caches its rotated part there, as
+multi-head latent attention does): which rotated tensor it is, by which function and rotary table
+(matched against the decoder's rotary embeddings, once per layer type where a family has several, e.g.
+Gemma-3's sliding and global layers), how many leading dims are rotated (partial rotary done outside the
+function, e.g. StableLM) and which axis holds the heads (Gemma-4: the second). A layer that applies no
+rotation (SmolLM3's and Llama-4's NoPE layers, Cohere2's global layers) keeps its cached tensors as they
+are: they carry no position. Stored tensors are what the function was given (the unrotated rest of the
+head appended); they get positions by the same function, with tables for the new positions. A layer
+that rotates but whose cached tensors are not one such rotation is refused.
 """
 
 from __future__ import annotations
@@ -22,22 +24,20 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-ROTARY_FUNCTION = "apply_rotary_pos_emb"
+from methods.decoder import attention, attentions, layers
+
+ROTARY_PREFIX = "apply_rotary"
 PROBE_TOKENS = 8
+SLOTS = ("keys", "values")
 
 
 class RotaryError(ValueError):
     """The model's positions are not rotary ones this project can re-place (fast backend unusable)."""
 
 
-def decoder_of(model):
-    """The stack of decoder layers, rotary embedding and embeddings of a causal LM."""
-    return model.get_decoder()
-
-
 def modeling_module(model):
-    """The module that defines the model's attention (and its rotary function)."""
-    return sys.modules[type(decoder_of(model).layers[0].self_attn).__module__]
+    """The module that defines the model's attention (and its rotary functions)."""
+    return sys.modules[type(attention(layers(model)[0])).__module__]
 
 
 def rotated_parameters(function) -> list[str]:
@@ -46,22 +46,44 @@ def rotated_parameters(function) -> list[str]:
     return names[: names.index("cos")]
 
 
+def rotary_functions(module) -> dict:
+    """name -> function, for each rotary function of a modeling module that takes `cos` and `sin`."""
+    found = {}
+    for name, function in vars(module).items():
+        if name.startswith(ROTARY_PREFIX) and inspect.isfunction(function):
+            parameters = inspect.signature(function).parameters
+            if "cos" in parameters and "sin" in parameters:
+                found[name] = function
+    return found
+
+
 def has_rotary_function(model_class) -> bool:
-    """Whether a model class's family applies rotary positions through the function we watch."""
-    return hasattr(sys.modules[model_class.__module__], ROTARY_FUNCTION)
+    """Whether a model class's family applies rotary positions through a function we watch."""
+    return bool(rotary_functions(sys.modules[model_class.__module__]))
 
 
 @dataclass
 class Rotated:
-    """One tensor the rotary function gave positions to, in one layer's attention."""
+    """One tensor a rotary function gave positions to, in one layer's attention."""
 
     layer: int
+    function: str               # the rotary function's name in the modeling module
     slot: int                   # its place among the function's tensors (q, k) or (x,); calls in a layer in order
     given: torch.Tensor         # [1, heads, T, rot] (heads_axis 1) or [1, T, heads, rot] (heads_axis 2)
     result: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
     heads_axis: int
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """How one cached tensor of one layer gets its positions."""
+
+    function: str               # which rotary function
+    slot: int                   # which of its tensors
+    table: int                  # which rotary table (index into Rotary.candidates)
+    dims: int                   # how many leading dims of the head it rotates
 
 
 def by_layer(rotated: list[Rotated], n_layers: int) -> list[list[Rotated]]:
@@ -75,49 +97,59 @@ def by_layer(rotated: list[Rotated], n_layers: int) -> list[list[Rotated]]:
 
 @contextmanager
 def watching_rotary(model):
-    """Record every tensor the model's rotary function rotates during a forward, with its layer.
+    """Record every tensor the model's rotary functions rotate during a forward, with its layer.
 
-    Families call it as f(q, k, cos, sin) or once per tensor as f(x, cos, sin); either way the
+    Families call them as f(q, k, cos, sin) or once per tensor as f(x, cos, sin); either way the
     tensors before `cos` are rotated and returned in order."""
     module = modeling_module(model)
-    original = getattr(module, ROTARY_FUNCTION, None)
-    if original is None:
-        raise RotaryError(f"model type {model.config.model_type!r} has no rotary positions")
-    signature, tensors = inspect.signature(original), rotated_parameters(original)
+    originals = rotary_functions(module)
+    if not originals:
+        raise RotaryError(no_rotary_function(model.config, module.__name__))
     seen: list[Rotated] = []
     layer = [-1]
 
-    def watched(*args, **kwargs):
-        result = original(*args, **kwargs)
-        given = signature.bind(*args, **kwargs)
-        given.apply_defaults()
-        arguments = given.arguments
-        results = result if isinstance(result, tuple) else (result,)
-        for slot, name in enumerate(tensors):
-            seen.append(Rotated(layer[0], slot, arguments[name].detach(), results[slot].detach(),
-                                arguments["cos"].detach(), arguments["sin"].detach(),
-                                arguments.get("unsqueeze_dim", 1)))
-        return result
+    def watch(name, original):
+        signature, tensors = inspect.signature(original), rotated_parameters(original)
+
+        def watched(*args, **kwargs):
+            result = original(*args, **kwargs)
+            given = signature.bind(*args, **kwargs)
+            given.apply_defaults()
+            arguments = given.arguments
+            results = result if isinstance(result, tuple) else (result,)
+            for slot, tensor in enumerate(tensors):
+                seen.append(Rotated(layer[0], name, slot, arguments[tensor].detach(), results[slot].detach(),
+                                    arguments["cos"].detach(), arguments["sin"].detach(),
+                                    arguments.get("unsqueeze_dim", 1)))
+            return result
+        return watched
 
     def entering(index):
         return lambda module, args, kwargs: layer.__setitem__(0, index)
 
-    handles = [l.self_attn.register_forward_pre_hook(entering(i), with_kwargs=True)
-               for i, l in enumerate(decoder_of(model).layers)]
-    setattr(module, ROTARY_FUNCTION, watched)
+    handles = [a.register_forward_pre_hook(entering(i), with_kwargs=True) for i, a in enumerate(attentions(model))]
+    for name, original in originals.items():
+        setattr(module, name, watch(name, original))
     try:
         yield seen
     finally:
-        setattr(module, ROTARY_FUNCTION, original)
+        for name, original in originals.items():
+            setattr(module, name, original)
         for h in handles:
             h.remove()
+
+
+def no_rotary_function(config, module_name: str) -> str:
+    return (f"re-places keys through the family's rotary function (apply_rotary*(..., cos, sin)); model type "
+            f"{config.model_type!r} ({module_name}) defines none, so its positions are applied some other way "
+            f"(absolute embeddings, ALiBi, complex frequencies) that it cannot re-place")
 
 
 def _candidates(model) -> list:
     """Every rotary table the decoder can make: (x, position_ids) -> (cos, sin), one per layer type
     where an embedding takes one."""
     found, config = [], model.config.get_text_config()
-    for module in dict.fromkeys(m for m in decoder_of(model).modules() if "Rotary" in type(m).__name__):
+    for module in dict.fromkeys(m for m in model.get_decoder().modules() if "Rotary" in type(m).__name__):
         if "layer_type" in inspect.signature(module.forward).parameters:
             for layer_type in dict.fromkeys(getattr(config, "layer_types", None) or []):
                 found.append(lambda x, p, m=module, t=layer_type: m(x, p, layer_type=t))
@@ -126,17 +158,20 @@ def _candidates(model) -> list:
     return found
 
 
+def heads_first(tensor: torch.Tensor, heads_axis: int) -> torch.Tensor:
+    """[heads, T, d] of one sequence's tensor, whichever axis held its heads."""
+    return tensor[0] if heads_axis == 1 else tensor[0].transpose(0, 1)
+
+
 class Rotary:
-    """How a model gives keys their positions: per layer, which rotated tensor is the key (the one
-    its cache holds), the table it uses and the width rotated."""
+    """How a model gives its cached tensors their positions: per cache layer, for keys and values, the
+    Rotation that places it, or None where the layer applies no position to it."""
 
     def __init__(self, model):
-        self.model, self.apply = model, getattr(modeling_module(model), ROTARY_FUNCTION, None)
+        self.model = model
+        self.functions = rotary_functions(modeling_module(model))
         self.candidates = _candidates(model)
-        self.key_of, self.key_slot, self.table_of, self.rot_dims = self._learn()
-        self.n_tensors = len(rotated_parameters(self.apply))
-        has_axis = "unsqueeze_dim" in inspect.signature(self.apply).parameters
-        self.heads_second = {"unsqueeze_dim": 1} if has_axis else {}   # stored: [L, heads, T, d]
+        self.how: list[dict[int, Rotation]] = self._learn()
 
     @classmethod
     def of(cls, model) -> "Rotary":
@@ -145,80 +180,112 @@ class Rotary:
             model._memdefrag_rotary = cls(model)
         return model._memdefrag_rotary
 
+    @property
+    def table_of(self) -> list[int | None]:
+        """Each layer's key table (None: its keys carry no position)."""
+        return [how[0].table if 0 in how else None for how in self.how]
+
+    @table_of.setter
+    def table_of(self, tables: list[int]) -> None:
+        """Give each layer's keys another table (tests: a wrong table must be caught)."""
+        self.how = [{**how, 0: Rotation(how[0].function, how[0].slot, table, how[0].dims)} if 0 in how else how
+                    for how, table in zip(self.how, tables)]
+
     @torch.no_grad()
-    def _learn(self) -> tuple[list[int], int, list[int], list[int]]:
-        n_layers = len(decoder_of(self.model).layers)
+    def _learn(self) -> list[dict[int, Rotation]]:
+        n_layers = len(layers(self.model))
         ids = torch.arange(3, 3 + PROBE_TOKENS, device=self.model.device).view(1, -1)
         cache = DynamicCache()
         with watching_rotary(self.model) as seen:
             self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         kind = self.model.config.model_type
-        shapes = sorted({(layer.keys.shape[1], layer.keys.shape[-1]) for layer in cache.layers})
-        if len(shapes) > 1:
-            raise RotaryError(f"model type {kind!r}: its layers' keys differ in (heads, width) {shapes}; the "
-                              f"memory store holds one shape for every layer")
+        if len(cache.layers) != n_layers:
+            raise RotaryError(f"model type {kind!r}: {n_layers - len(cache.layers)} of its {n_layers} layers keep no "
+                              f"keys and values of their own (they read another layer's)")
+        for slot, name in enumerate(SLOTS):
+            shapes = sorted({(layer.keys, layer.values)[slot].shape[1:2] + (layer.keys, layer.values)[slot].shape[-1:]
+                             for layer in cache.layers})
+            if len(shapes) > 1:
+                raise RotaryError(f"model type {kind!r}: its layers' {name} differ in (heads, width) "
+                                  f"{[tuple(s) for s in shapes]}; the memory store holds one shape for every layer")
         positions = torch.arange(PROBE_TOKENS, device=self.model.device).view(1, -1)
         tables = [c(seen[0].cos.new_zeros(1), positions) for c in self.candidates] if seen else []
-        key_of, slots, table_of, rot_dims = [], set(), [], []
-        for layer, mine in enumerate(by_layer(seen, n_layers)):
-            stored = cache.layers[layer].keys[0] if layer < len(cache.layers) else None
-            keys = [i for i, r in enumerate(mine) if stored is not None and r.heads_axis in (1, 2)
-                    and self.heads_first(r.result, r.heads_axis).shape[:2] == stored.shape[:2]
-                    and torch.equal(stored[..., : r.result.shape[-1]], self.heads_first(r.result, r.heads_axis))]
-            match = [t for t, (cos, sin) in enumerate(tables) if keys and cos.shape == mine[keys[0]].cos.shape
-                     and torch.equal(cos, mine[keys[0]].cos) and torch.equal(sin, mine[keys[0]].sin)]
-            if len(keys) != 1 or not match:
-                raise RotaryError(f"model type {kind!r}: layer {layer}'s cached keys could not be traced to one "
-                                  f"rotation by the decoder's rotary embedding (e.g. keys shared across layers)")
-            key_of.append(keys[0])
-            slots.add(mine[keys[0]].slot)
-            table_of.append(match[0])
-            rot_dims.append(mine[keys[0]].result.shape[-1])
-        if len(slots) != 1:
-            raise RotaryError(f"model type {kind!r} passes its keys to the rotary function in different places")
-        return key_of, slots.pop(), table_of, rot_dims
+        how = []
+        for index, mine in enumerate(by_layer(seen, n_layers)):
+            cached = (cache.layers[index].keys[0], cache.layers[index].values[0])
+            found = {slot: self._rotation(mine, tensor, tables) for slot, tensor in enumerate(cached)}
+            found = {slot: rotation for slot, rotation in found.items() if rotation is not None}
+            if mine and not found:
+                raise RotaryError(f"model type {kind!r}: layer {index} rotates, but its cached keys could not be "
+                                  f"traced to one rotation by the decoder's rotary embedding (e.g. keys changed "
+                                  f"after their rotation, or shared across layers)")
+            how.append(found)
+        return how
 
-    @staticmethod
-    def heads_first(tensor: torch.Tensor, heads_axis: int) -> torch.Tensor:
-        """[heads, T, d] of one sequence's tensor, whichever axis held its heads."""
-        return tensor[0] if heads_axis == 1 else tensor[0].transpose(0, 1)
+    def _rotation(self, mine: list[Rotated], cached: torch.Tensor, tables) -> Rotation | None:
+        """The one rotation in a layer whose result is the leading dims of `cached` [heads, T, d], or None."""
+        for r in mine:
+            result = heads_first(r.result, r.heads_axis) if r.heads_axis in (1, 2) else None
+            if result is None or result.shape[:2] != cached.shape[:2] or \
+                    not torch.equal(cached[..., : result.shape[-1]], result):
+                continue
+            match = [t for t, (cos, sin) in enumerate(tables) if cos.shape == r.cos.shape
+                     and torch.equal(cos, r.cos) and torch.equal(sin, r.sin)]
+            if match:
+                return Rotation(r.function, r.slot, match[0], result.shape[-1])
+        return None
 
-    def unrotated(self, seen: list[Rotated], cache) -> list[torch.Tensor]:
-        """Every layer's position-free key [kv_heads, T, head_dim] from a watched forward: what the
-        rotary function was given, then the rest of the head as cached (never rotated)."""
-        keys = []
-        for layer, (mine, cached) in enumerate(zip(by_layer(seen, len(cache.layers)), cache.layers)):
-            key = mine[self.key_of[layer]]
-            rot = self.heads_first(key.given, key.heads_axis)
-            rest = cached.keys[0, :, :, rot.shape[-1]:]
-            keys.append(torch.cat([rot, rest], dim=-1) if rest.shape[-1] else rot.contiguous())
-        return keys
+    def unrotated(self, seen: list[Rotated], cache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Every layer's position-free keys and values [heads, T, d] from a watched forward: what the
+        rotary function was given, then the rest of the head as cached (never rotated); a tensor the
+        layer gave no position as it is cached."""
+        out: tuple[list, list] = ([], [])
+        for index, (mine, layer) in enumerate(zip(by_layer(seen, len(cache.layers)), cache.layers)):
+            for slot, cached in enumerate((layer.keys[0], layer.values[0])):
+                rotation = self.how[index].get(slot)
+                if rotation is None:
+                    out[slot].append(cached)
+                    continue
+                given = next(heads_first(r.given, r.heads_axis) for r in mine if r.function == rotation.function
+                             and r.slot == rotation.slot and torch.equal(cached[..., : rotation.dims],
+                                                                         heads_first(r.result, r.heads_axis)))
+                rest = cached[:, :, rotation.dims:]
+                out[slot].append(torch.cat([given, rest], dim=-1) if rest.shape[-1] else given.contiguous())
+        return out
 
     def tables(self, total: int, like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each table's cos/sin at positions 0..total-1: [1, total, rot] each."""
         positions = torch.arange(total, device=like.device).view(1, -1)
         return [c(like, positions) for c in self.candidates]
 
-    def _rotate(self, keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """keys [L, kv, T, rot] given positions by the model's own function, heads on axis 1."""
-        if self.n_tensors == 1:
-            return self.apply(keys, cos, sin, **self.heads_second)
-        tensors = [keys[:1, :1]] * self.n_tensors                    # cheap stand-ins for the query
-        tensors[self.key_slot] = keys
-        return self.apply(*tensors, cos, sin, **self.heads_second)[self.key_slot]
+    def _rotate(self, rotation: Rotation, tensor: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """tensor [L, heads, T, rot] given positions by the model's own function, heads on axis 1."""
+        apply = self.functions[rotation.function]
+        extra = {"unsqueeze_dim": 1} if "unsqueeze_dim" in inspect.signature(apply).parameters else {}
+        count = len(rotated_parameters(apply))
+        if count == 1:
+            return apply(tensor, cos, sin, **extra)
+        tensors = [tensor[:1, :1]] * count                          # cheap stand-ins for the query
+        tensors[rotation.slot] = tensor
+        return apply(*tensors, cos, sin, **extra)[rotation.slot]
 
-    def place(self, out: torch.Tensor, keys: torch.Tensor, tables, start: int) -> None:
-        """Write keys [L, kv, T, d] (layers 0..L-1) into out [L, kv, T, d] at positions start..start+T-1."""
-        end = start + keys.shape[2]
-        for table in sorted(set(self.table_of[: len(keys)])):
-            layers = [i for i, t in enumerate(self.table_of[: len(keys)]) if t == table]
-            rot = self.rot_dims[layers[0]]
-            cos, sin = (t[:, start:end] for t in tables[table])
-            group = keys[layers] if len(layers) < len(keys) else keys
-            rotated = self._rotate(group[..., :rot], cos, sin)
-            if rot < keys.shape[-1]:
-                rotated = torch.cat([rotated, group[..., rot:]], dim=-1)
-            if len(layers) < len(keys):
-                out[layers] = rotated
+    def place(self, out: torch.Tensor, stored: torch.Tensor, slot: int, tables, start: int) -> None:
+        """Write cached tensors `stored` [L, heads, T, d] of `slot` (0 keys, 1 values; layers 0..L-1) into
+        out [L, heads, T, d] at positions start..start+T-1."""
+        end, count = start + stored.shape[2], len(stored)
+        groups: dict[Rotation | None, list[int]] = {}
+        for index in range(count):
+            groups.setdefault(self.how[index].get(slot), []).append(index)
+        for rotation, chosen in groups.items():
+            group = stored if len(chosen) == count else stored[chosen]
+            if rotation is None:
+                placed = group
             else:
-                out.copy_(rotated)
+                cos, sin = (t[:, start:end] for t in tables[rotation.table])
+                placed = self._rotate(rotation, group[..., : rotation.dims], cos, sin)
+                if rotation.dims < group.shape[-1]:
+                    placed = torch.cat([placed, group[..., rotation.dims:]], dim=-1)
+            if len(chosen) == count:
+                out.copy_(placed)
+            else:
+                out[chosen] = placed

@@ -20,11 +20,7 @@ from methods.kv_prefix import PrefixLayer, common_prefix, rows_after, run_after
 class TextPrefix:
     def __init__(self, model):
         self.model = model
-        config = model.config.get_text_config()
-        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        empty = torch.empty(1, kv_heads, 0, head_dim, dtype=model.dtype, device=model.device)
-        self.layers = [PrefixLayer(empty, empty.clone(), 0) for _ in range(config.num_hidden_layers)]
+        self.layers = [PrefixLayer() for _ in range(model.config.get_text_config().num_hidden_layers)]
         self.ids = torch.empty(0, dtype=torch.long)
 
     @torch.no_grad()

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from methods.decoder import attentions
+
 QUERY_MODES = ("last", "mean")
 
 
@@ -22,12 +24,14 @@ class StopForward(Exception):
     """Raised inside the forward once every traced layer has been seen."""
 
 
-def prompt_probabilities(query, key, attention_mask, scaling=None, softcap=None) -> torch.Tensor:
+def prompt_probabilities(query, key, attention_mask, scaling=None, softcap=None, sinks=None) -> torch.Tensor:
     """The prompt's attention probabilities [1, heads, q_len, kv_len] (fp32), as the layer computes them.
 
     query: [1, heads, q_len, d]; key: [1, kv_heads, kv_len, d]; the queries are the last q_len
     positions of the kv_len keys. Query heads are grouped onto their key/value head, so keys are
-    never repeated per head.
+    never repeated per head. sinks: [heads] learned logits that join every row's softmax and take
+    their share of it (GPT-OSS's attention sinks, passed to attention functions as `s_aux`); the
+    rows then sum to less than one, as the model's own do.
     """
     _, heads, q_len, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
@@ -43,7 +47,10 @@ def prompt_probabilities(query, key, attention_mask, scaling=None, softcap=None)
         scores.masked_fill_(attention_mask[..., -kv_len:].logical_not(), float("-inf"))
     else:
         scores += attention_mask[..., -kv_len:].float()
-    return torch.softmax(scores, dim=-1)
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    column = sinks.float().view(1, heads, 1, 1).expand(1, heads, q_len, 1)
+    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
 
 
 def attended(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -55,21 +62,77 @@ def attended(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return out.view(1, heads, q_len, dim).transpose(1, 2).contiguous()
 
 
-def prompt_attention(module, query, key, value, attention_mask, scaling=None, softcap=None, **_):
+def prompt_attention(module, query, key, value, attention_mask, scaling=None, softcap=None, s_aux=None, **_):
     """The layer's attention output ([1, q_len, heads, d], None), as its attention function returns it,
     and its head-averaged attention rows [q_len, kv_len] (fp32), from one set of probabilities."""
-    probs = prompt_probabilities(query, key, attention_mask, scaling, softcap)
+    probs = prompt_probabilities(query, key, attention_mask, scaling, softcap, s_aux)
     return attended(probs, value), None, probs.mean(dim=1)[0]
 
 
+def through_attention_functions(model) -> bool:
+    """Whether the family's attention calls transformers' attention functions (then a trace computes only
+    the prompt's rows inside them); transformers' own test of the same, for families such as Falcon that
+    compute attention inline and return their weights only when asked (`output_attentions=True`)."""
+    can_set = getattr(type(model), "_can_set_attn_implementation", None)
+    return can_set is None or bool(can_set())
+
+
 @contextmanager
-def recording_attention(model, layers: list[int]):
-    """Record the head-averaged prompt attention rows of `layers` (decoder indices) during a
-    forward; a traced layer's output comes from the same probabilities (`prompt_attention`).
+def eager_attention(model):
+    """The model on eager attention, so its attention modules return their weights (and masks are built for
+    it); a family computing attention inline reads the setting itself and cannot be switched by transformers."""
+    previous = model.config._attn_implementation
+    _use_attention(model, "eager")
+    try:
+        yield
+    finally:
+        _use_attention(model, previous)
+
+
+def _use_attention(model, implementation: str) -> None:
+    if through_attention_functions(model):
+        model.set_attn_implementation(implementation)
+    else:
+        model.config._attn_implementation = implementation
+
+
+@contextmanager
+def returned_weights(model, layers: list[int], prompt_len: int):
+    """Record the head-averaged rows of the last `prompt_len` queries from the attention weights
+    [1, heads, q_len, kv_len] that the attention modules of `layers` return (the caller makes them
+    return weights); the forward raises StopForward after the last of them."""
+    rows: dict[int, torch.Tensor] = {}
+    last = max(layers)
+
+    def make_hook(index):
+        def hook(module, args, output):
+            rows[index] = output[1][0, :, -prompt_len:].float().mean(dim=0)
+            if index == last:
+                raise StopForward
+        return hook
+
+    every = attentions(model)
+    handles = [every[layer].register_forward_hook(make_hook(layer)) for layer in layers]
+    try:
+        yield rows
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextmanager
+def recording_attention(model, layers: list[int], prompt_len: int):
+    """Record the head-averaged prompt attention rows of `layers` (decoder indices) during a forward
+    ; a traced layer's output comes from the same probabilities (`prompt_attention`), or, where the family
+    computes attention inline, from its own eager attention, whose weights it returns.
 
     Yields a dict layer -> [q_len, kv_len]; the forward raises StopForward after
     the last of them, so the caller runs it inside `until_stopped`.
     """
+    if not through_attention_functions(model):
+        with eager_attention(model), returned_weights(model, layers, prompt_len) as rows:
+            yield rows
+        return
     impl = model.config._attn_implementation
     had_local = impl in ALL_ATTENTION_FUNCTIONS._local_mapping
     previous = ALL_ATTENTION_FUNCTIONS._local_mapping.get(impl)
@@ -80,7 +143,8 @@ def recording_attention(model, layers: list[int]):
         idx = module.layer_idx
         if idx not in wanted:
             return _inner(impl, module)(module, query, key, value, attention_mask, **kwargs)
-        probs = prompt_probabilities(query, key, attention_mask, kwargs.get("scaling"), kwargs.get("softcap"))
+        probs = prompt_probabilities(query, key, attention_mask, kwargs.get("scaling"), kwargs.get("softcap"),
+                                     kwargs.get("s_aux"))
         rows[idx] = probs.mean(dim=1)[0]
         if idx == last:
             raise StopForward                           # nothing reads this layer's output

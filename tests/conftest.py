@@ -10,10 +10,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")    # before transformers reads it: 
 
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, AutoTokenizer, CohereConfig, Gemma2Config, Gemma3TextConfig,
-                          Gemma4TextConfig, GemmaConfig,
+from transformers import (AutoModelForCausalLM, AutoTokenizer, Cohere2Config, CohereConfig, DeepseekV3Config,
+                          FalconConfig, Gemma2Config, Gemma3TextConfig, Gemma4TextConfig, GemmaConfig, GptOssConfig,
                           GraniteConfig, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config, Phi3Config,
-                          Qwen2Config, Qwen3Config, Qwen3MoeConfig, StableLmConfig)
+                          Qwen2Config, Qwen3Config, Qwen3MoeConfig, SmolLM3Config, StableLmConfig)
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -24,6 +24,9 @@ LLAMA31_ROPE = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_fre
                     original_max_position_embeddings=32)         # short, so the scaling acts at these lengths
 GEMMA3_ROPE = {"sliding_attention": dict(rope_type="default", rope_theta=10000.0),
                "full_attention": dict(rope_type="linear", rope_theta=1000000.0, factor=8.0)}
+SLIDING_GLOBAL = ["sliding_attention", "full_attention", "sliding_attention"]
+FALCON_KEYS = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
+               "bos_token_id", "eos_token_id", "pad_token_id"}
 FAMILIES = {
     "llama": lambda: LlamaConfig(**COMMON),
     "llama31": lambda: LlamaConfig(**COMMON, rope_parameters=LLAMA31_ROPE),    # RoPE scaling
@@ -46,6 +49,17 @@ FAMILIES = {
                                      residual_multiplier=0.5, logits_scaling=4.0),
     "stablelm": lambda: StableLmConfig(**COMMON, partial_rotary_factor=0.25, use_qkv_bias=True),  # rotary outside RoPE
     "cohere": lambda: CohereConfig(**COMMON, logit_scale=0.5),   # interleaved rotary halves
+    "gpt_oss": lambda: GptOssConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2, sliding_window=12,
+                                    layer_types=SLIDING_GLOBAL),                 # learned attention sinks
+    "smollm3": lambda: SmolLM3Config(**COMMON, no_rope_layers=[1, 0, 1]),      # a layer without rotary positions
+    "cohere2": lambda: Cohere2Config(**COMMON, sliding_window=12, layer_types=SLIDING_GLOBAL),  # global: no rotary
+    "falcon": lambda: FalconConfig(**{k: v for k, v in COMMON.items() if k in FALCON_KEYS},    # .h, inline attention
+                                   new_decoder_architecture=True, num_kv_heads=2),
+    "deepseek_v3": lambda: DeepseekV3Config(**{**COMMON, "head_dim": 8, "num_key_value_heads": 4},  # multi-head latent
+                                            kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,      # attention: a
+                                            qk_nope_head_dim=8, v_head_dim=12, n_routed_experts=4,      # latent and a
+                                            num_experts_per_tok=2, first_k_dense_replace=1,             # rotated part
+                                            moe_intermediate_size=32, n_group=1, topk_group=1),         # are cached
 }
 
 

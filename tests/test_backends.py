@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from methods.decoder import layers as layers_of
 from methods.formation import Former
 from methods.generation import greedy
 from methods.hidden_prefix import HiddenPrefixBackend
@@ -157,7 +158,7 @@ def test_traced_layers_pass_on_the_models_own_attention_output(family_model, tok
     prompt = torch.tensor(tokenizer("where is the cat?", add_special_tokens=False)["input_ids"])
     backend, n_layers = KVPrefixBackend(family_model), family_model.config.num_hidden_layers
     into_last = []
-    handle = family_model.model.layers[-1].register_forward_pre_hook(
+    handle = layers_of(family_model)[-1].register_forward_pre_hook(
         lambda m, a, k: into_last.append(a[0] if a else k["hidden_states"]), with_kwargs=True)
     try:
         run_after(family_model, backend.cache(memory, room=len(prompt)), prompt, 1 + memory.n_tokens)

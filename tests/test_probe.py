@@ -84,7 +84,7 @@ def test_bad_probe_settings_are_refused():
 
 def test_text_rows_equal_eager_attention_weights(family_model):
     """Only the prompt's rows are built, and they are the model's own attention (masks, soft-capping)."""
-    from methods.hidden_prefix import eager_attention
+    from methods.tracing import eager_attention
     from methods.text_prefix import TextPrefix
 
     ids = torch.arange(3, 40)

@@ -1,0 +1,100 @@
+"""What a decoder is made of, found from the model itself rather than one attribute path: its stack of
+blocks, each block's attention, and (from the config alone, before any weights load) what each layer
+keeps per token.
+
+A latent memory keeps per-token keys and values (or layer inputs) of fragments formed alone and reads
+them concatenated. A layer that carries a recurrent or convolutional state (linear attention, state-space,
+short convolutions) has no per-token state to concatenate: such decoders are refused, on every backend.
+Which state a layer keeps is read from transformers' own per-layer cache types.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, DynamicSlidingWindowLayer,
+                                      get_layer_types_and_kwargs)
+
+PER_TOKEN = (DynamicLayer, DynamicSlidingWindowLayer)    # cache layers that hold one key and value per token
+SHARED = "dummy"                                         # transformers' type of a layer that reads another's cache
+
+
+class DecoderError(ValueError):
+    """A decoder whose layers cannot be latent memory (or whose stack cannot be found)."""
+
+
+def layer_types(config) -> list[str]:
+    """Each decoder layer's cache type as transformers assigns it (full/sliding/chunked attention,
+    linear_attention, conv, hybrid, dummy for a layer reading another layer's keys and values)."""
+    return get_layer_types_and_kwargs(config.get_text_config(decoder=True))[0]
+
+
+def check(config) -> None:
+    """Before any weights load: every layer keeps per-token keys and values (or reads another's)."""
+    types = layer_types(config)
+    stateful = sorted({t for t in types if t != SHARED and not (
+        DYNAMIC_LAYER_TYPE_MAPPING.get(t) in PER_TOKEN)})
+    if stateful:
+        where = [i for i, t in enumerate(types) if t in stateful]
+        raise DecoderError(
+            f"model type {config.model_type!r} has layers of type {', '.join(stateful)} (layers {_ranges(where)}) "
+            f"that carry a recurrent or convolutional state, not per-token keys and values: a state formed over "
+            f"one fragment cannot be stored and concatenated with another's, so neither backend can hold it as "
+            f"latent memory; decoders whose layers are all attention run (Llama, Qwen, Mistral, Gemma, ...)")
+
+
+def shared_layers(config) -> list[int]:
+    """Layers that read another layer's keys and values instead of computing their own."""
+    return [i for i, t in enumerate(layer_types(config)) if t == SHARED]
+
+
+def key_shapes(config) -> dict[tuple, list[int]]:
+    """(kv heads, head width) -> the layers with it, as the config declares them per layer."""
+    shapes: dict[tuple, list[int]] = {}
+    text = config.get_text_config(decoder=True)
+    for index, layer in enumerate(text.per_layer_config):
+        heads = getattr(layer, "num_key_value_heads", None) or getattr(layer, "num_attention_heads", None)
+        width = getattr(layer, "head_dim", None)
+        shapes.setdefault((heads, width), []).append(index)
+    return shapes
+
+
+def _ranges(indices: list[int]) -> str:
+    """'0-2, 5' for [0, 1, 2, 5]."""
+    out, start = [], None
+    for i, index in enumerate(indices):
+        start = index if start is None else start
+        if i + 1 == len(indices) or indices[i + 1] != index + 1:
+            out.append(f"{start}" if start == index else f"{start}-{index}")
+            start = None
+    return ", ".join(out)
+
+
+def layers(model) -> torch.nn.ModuleList:
+    """The decoder's stack of blocks: the outermost list of `num_hidden_layers` modules in it (`.layers`,
+    Falcon's `.h`; lists inside a block, such as experts, come after it)."""
+    decoder, count = model.get_decoder(), model.config.get_text_config().num_hidden_layers
+    for module in decoder.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+            return module
+    raise DecoderError(f"model type {model.config.model_type!r}: {type(decoder).__name__} has no list of "
+                       f"{count} decoder layers")
+
+
+def attention(layer) -> torch.nn.Module:
+    """A decoder block's attention: its one child module of an attention class (`self_attn`, Falcon's
+    `self_attention`)."""
+    found = [m for m in layer.children() if type(m).__name__.endswith("Attention")]
+    if len(found) != 1:
+        raise DecoderError(f"{type(layer).__name__} has {len(found)} attention modules, expected one "
+                           f"({', '.join(type(m).__name__ for m in layer.children())})")
+    return found[0]
+
+
+def attentions(model) -> list[torch.nn.Module]:
+    """Every decoder layer's attention, in order."""
+    return [attention(layer) for layer in layers(model)]
+
+
+def embeddings(model) -> torch.nn.Module:
+    """The token embeddings the decoder reads."""
+    return model.get_input_embeddings()
