@@ -96,7 +96,7 @@ def another_width(data):
      "not a memory saved by LatentMemory.save"),
     (lambda path, memory: torch.save({**saved_dict(memory), "version": 99}, path), "format version 99"),
     (lambda path, memory: torch.save({"sink": None, "fragments": []}, path), "no memdefrag format mark"),
-    (lambda path, memory: torch.save(broken_shapes(saved_dict(memory)), path), "keys and values must both"),
+    (lambda path, memory: torch.save(broken_shapes(saved_dict(memory)), path), "values differ across fragments"),
     (lambda path, memory: torch.save(another_width(saved_dict(memory)), path), "keys differ across fragments"),
     (lambda path, memory: torch.save({**saved_dict(memory), "fragments": [{"fid": 0}]}, path), "fragment 0: fields"),
 ])

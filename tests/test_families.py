@@ -1,0 +1,88 @@
+"""The family table: every decoder family either runs exactly or is refused in one line before its weights
+load, with the true reason.
+
+Exact: every family in tests/conftest.py FAMILIES (among them GPT-OSS's attention sinks, SmolLM3's and
+Cohere2's layers without rotary positions, Falcon's `.h` stack with inline attention, DeepSeek-V3's
+multi-head latent attention): fast == hidden_prefix within 1e-4 (logits) and 1e-5 (densities against the
+model's own eager attention) in tests/test_backends.py, and the load-time self-check passes in
+tests/test_selfcheck.py. Refused: the rows below, checked on a folder holding only a config and a tokenizer.
+"""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from transformers import (AutoModelForCausalLM, DeepseekV2Config, Gemma4TextConfig, GPT2Config, Lfm2Config,
+                          Llama4TextConfig, Qwen3NextConfig)
+
+from harness.errors import ConfigError
+from harness.runner import preflight
+from methods.kv_prefix import KVPrefixBackend
+from tests.conftest import COMMON, FAMILIES, tiny_run_config
+
+GEMMA4 = dict(COMMON, sliding_window=12)
+STATEFUL = "carry a recurrent or convolutional state, not per-token keys and values"
+NO_ROTARY = "re-places keys through the family's rotary function"
+REFUSED = {   # family: (config, backends refused, what the one line says)
+    "gpt2": (lambda: GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=400, bos_token_id=1, eos_token_id=2),
+             ["fast"], f"{NO_ROTARY}.*'gpt2'.*defines none"),                       # absolute positions
+    "llama4_text": (lambda: Llama4TextConfig(**COMMON, no_rope_layers=[1, 0, 1], attention_chunk_size=64),
+                    ["fast"], f"{NO_ROTARY}.*'llama4_text'.*defines none.*complex frequencies"),
+    "deepseek_v2": (lambda: DeepseekV2Config(**{**COMMON, "head_dim": 8, "num_key_value_heads": 4}, kv_lora_rank=16,
+                                             q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12,
+                                             n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
+                                             moe_intermediate_size=32),           # latent attention, complex RoPE
+                    ["fast"], f"{NO_ROTARY}.*'deepseek_v2'.*defines none"),
+    "gemma4_wide_global": (lambda: Gemma4TextConfig(**GEMMA4, global_head_dim=32, layer_types=[
+        "sliding_attention", "full_attention", "full_attention"]),
+        ["fast"], r"stores one key shape for every layer; model type 'gemma4_text' has \(kv heads, head width\) "
+                  r"\(2, 16\) at layers \[0\], \(2, 32\) at layers \[1, 2\]"),
+    "gemma4_kv_shared": (lambda: Gemma4TextConfig(**{**GEMMA4, "num_hidden_layers": 4}, global_head_dim=16,
+                                                  num_kv_shared_layers=2,
+                                                  layer_types=["sliding_attention", "full_attention"] * 2),
+                         ["fast"], r"stores each layer's own keys and values; model type 'gemma4_text' shares them "
+                                   r"across layers \(layers \[2, 3\]"),
+    "qwen3_next": (lambda: Qwen3NextConfig(**{**COMMON, "num_hidden_layers": 4}),
+                   ["fast", "hidden_prefix"], f"'qwen3_next' has layers of type linear_attention \\(layers 0-2\\) "
+                                              f"that {STATEFUL}.*neither backend can hold it"),
+    "lfm2": (lambda: Lfm2Config(**{**COMMON, "num_hidden_layers": 4}, full_attn_idxs=[1, 3]),
+             ["fast", "hidden_prefix"], f"'lfm2' has layers of type conv \\(layers 0, 2\\) that {STATEFUL}"),
+}
+
+
+@pytest.fixture
+def config_only(tmp_path, tiny_checkpoint, monkeypatch):
+    """A folder with a family's config and the tiny tokenizer, no weights; loading any weights fails the test."""
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+
+    def save(config) -> str:
+        folder = tmp_path / config.model_type
+        config.save_pretrained(folder)
+        for file in Path(tiny_checkpoint).iterdir():
+            if "token" in file.name or "chat_template" in file.name:
+                shutil.copy(file, folder / file.name)
+        return str(folder)
+    return save
+
+
+@pytest.mark.parametrize("family", sorted(REFUSED))
+def test_a_family_that_cannot_be_latent_memory_is_refused_in_one_line_before_its_weights_load(family, config_only):
+    make, refused, why = REFUSED[family]
+    folder = config_only(make())
+    for backend in ("fast", "hidden_prefix"):
+        cfg = tiny_run_config(folder, "method=vanilla", f"model.name={family}", f"backend={backend}")
+        if backend not in refused:
+            preflight(cfg)                          # the other backend takes it
+            continue
+        with pytest.raises(ConfigError, match=why) as caught:
+            preflight(cfg)
+        message = str(caught.value)
+        assert "\n" not in message
+        assert message.startswith(f"model.source={folder!r}: " if len(refused) == 2 else "backend=fast ")
+        assert len(refused) == 2 or message.endswith("use backend=hidden_prefix (the paper's formulation, slower) "
+                                                     "for this model")
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_exact_family_passes_the_checks_before_weights(family):
+    KVPrefixBackend.check(FAMILIES[family]())
