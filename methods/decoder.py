@@ -47,17 +47,6 @@ def shared_layers(config) -> list[int]:
     return [i for i, t in enumerate(layer_types(config)) if t == SHARED]
 
 
-def key_shapes(config) -> dict[tuple, list[int]]:
-    """(kv heads, head width) -> the layers with it, as the config declares them per layer."""
-    shapes: dict[tuple, list[int]] = {}
-    text = config.get_text_config(decoder=True)
-    for index, layer in enumerate(text.per_layer_config):
-        heads = getattr(layer, "num_key_value_heads", None) or getattr(layer, "num_attention_heads", None)
-        width = getattr(layer, "head_dim", None)
-        shapes.setdefault((heads, width), []).append(index)
-    return shapes
-
-
 def _ranges(indices: list[int]) -> str:
     """'0-2, 5' for [0, 1, 2, 5]."""
     out, start = [], None

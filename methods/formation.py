@@ -140,9 +140,10 @@ class Former:
             self_info = torch.cat([torch.tensor([float("inf")], device=device), nll]).cpu()
         fragment = Fragment(fid, text, ids, self_info)
         if self.keep_kv:
-            keys, values = Rotary.of(self.model).unrotated(rotated, cache)
-            fragment.keys = torch.stack(keys).cpu()                         # [L, kv, T, d]
-            fragment.values = torch.stack(values).cpu()                     # [L, kv, T, d_v]
+            rotary = Rotary.of(self.model)
+            keys, values = rotary.unrotated(rotated, cache)
+            fragment.keys = rotary.stacked([k.cpu() for k in keys])          # [L, kv, T, d]
+            fragment.values = rotary.stacked([v.cpu() for v in values])      # [L, kv, T, d_v]
         if self.keep_states:
             fragment.states = torch.cat(inputs).cpu()                      # [L, T, hidden]
         return fragment

@@ -13,7 +13,7 @@ import torch
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 from transformers.cache_utils import Cache, DynamicLayer
 
-from methods.memory import Fragment, LatentMemory
+from methods.memory import Fragment, LatentMemory, parts
 from methods import decoder
 from methods.positions import Rotary, RotaryError, has_rotary_function, no_rotary_function
 from methods.tracing import recording_attention, until_stopped
@@ -62,25 +62,28 @@ class PrefixLayer(DynamicLayer):
 
 
 class Placed:
-    """The memory's keys (rotated to their positions) and values for the first `n_layers` layers, in one
-    buffer that outlives a cache built on it: a later cache of a memory whose leading fragments are the
+    """The memory's keys (rotated to their positions) and values for the first `n_layers` layers, in
+    buffers that outlive a cache built on them: a later cache of a memory whose leading fragments are the
     same objects (fragments are never changed in place) keeps their placed keys and places only the
     rest. A trace's cache is dropped when its rows are read, so the trace keeps one of these between
-    questions; a cache that is decoded with gets a buffer of its own.
+    questions; a cache that is decoded with gets buffers of its own.
 
-    What a forward on the cache writes after the memory (a trace's prompt) also stays in the buffer:
-    `held` says how many of those positions a cache of the unchanged memory may keep. A buffer kept between
-    questions takes `slack` (a share of what it needs) more, so that the next updates and a longer prompt
-    fit without moving the placed memory."""
+    What a forward on the cache writes after the memory (a trace's prompt) also stays in the buffers:
+    `held` says how many of those positions a cache of the unchanged memory may keep. Buffers kept between
+    questions take `slack` (a share of what they need) more, so that the next updates and a longer prompt
+    fit without moving the placed memory. There is one buffer per group of layers that share a shape
+    (one for most models; Gemma-4's wider global layers have their own)."""
 
     def __init__(self, model, n_layers: int, slack: float = 0.0):
         self.model, self.n_layers, self.slack = model, n_layers, slack
-        self.fragments: list = []                   # sink and fragments placed in the buffer, in order
-        self.keys = self.values = None              # [n_layers, kv_heads, capacity, head_dim]
+        self.fragments: list = []                   # sink and fragments placed in the buffers, in order
+        self.rotary = Rotary.of(model)
+        self.groups = [[i for i in g if i < n_layers] for g in self.rotary.groups]   # layers of each buffer
+        self.keys = self.values = None              # per group: [its layers, kv_heads, capacity, head_dim]
 
     def cache(self, memory: LatentMemory, room: int, held: int = 0) -> Cache:
         """A cache of the memory with `room` positions after it; its first `held` of them are kept from
-        the last forward on this buffer when the memory is the one placed then (0 otherwise: see
+        the last forward on these buffers when the memory is the one placed then (0 otherwise: see
         `unchanged`)."""
         frags = [memory.sink, *memory.fragments]
         total = sum(len(f) for f in frags)
@@ -90,28 +93,32 @@ class Placed:
         self.unchanged = kept == len(frags) == len(self.fragments)
         held = held if self.unchanged else 0
         start = sum(len(f) for f in frags[:kept])
-        if self.keys is None or self.keys.shape[2] < total + room:
+        if self.keys is None or self.keys[0].shape[2] < total + room:
             self._allocate(frags[0], int((total + room) * (1 + self.slack)), start + held)
-        rotary = Rotary.of(self.model)
-        tables = rotary.tables(total, self.keys) if kept < len(frags) else None
+        tables = self.rotary.tables(total, self.keys[0]) if kept < len(frags) else None
         for f in frags[kept:]:
             end = start + len(f)
-            rotary.place(self.keys[:, :, start:end], f.keys[: self.n_layers].to(self.keys.device), 0, tables, start)
-            rotary.place(self.values[:, :, start:end], f.values[: self.n_layers].to(self.keys.device), 1, tables,
-                         start)
+            for slot, (buffers, stored) in enumerate(((self.keys, f.keys), (self.values, f.values))):
+                for layers, buffer, part in zip(self.groups, buffers, parts(stored)):
+                    if layers:
+                        self.rotary.place(buffer[:, :, start:end], part[: len(layers)].to(buffer.device), slot,
+                                          tables, start, layers)
             start = end
         self.fragments = frags
-        return Cache(layers=[PrefixLayer(self.keys[i:i + 1], self.values[i:i + 1], total + held)
-                             for i in range(self.n_layers)])
+        where = {layer: (g, row) for g, layers in enumerate(self.groups) for row, layer in enumerate(layers)}
+        return Cache(layers=[PrefixLayer(self.keys[g][row:row + 1], self.values[g][row:row + 1], total + held)
+                             for g, row in (where[i] for i in range(self.n_layers))])
 
     def _allocate(self, like: Fragment, size: int, keep: int) -> None:
-        """A buffer of `size` positions holding the first `keep` placed ones of the old buffer (keys and values
+        """Buffers of `size` positions holding the first `keep` placed ones of the old buffers (keys and values
         may differ in heads and width: multi-head latent attention caches a latent and a rotated part)."""
-        keys, values = (t.new_empty(self.n_layers, t.shape[1], size, t.shape[3], device=self.model.device)
-                        for t in (like.keys, like.values))
+        fresh = [[t.new_empty(len(layers), t.shape[1], size, t.shape[3], device=self.model.device)
+                  for layers, t in zip(self.groups, parts(stored))] for stored in (like.keys, like.values)]
         if keep:
-            keys[:, :, :keep], values[:, :, :keep] = self.keys[:, :, :keep], self.values[:, :, :keep]
-        self.keys, self.values = keys, values
+            for new, old in zip(fresh, (self.keys, self.values)):
+                for n, o in zip(new, old):
+                    n[:, :, :keep] = o[:, :, :keep]
+        self.keys, self.values = fresh
 
 
 class KVPrefixBackend:
@@ -129,8 +136,7 @@ class KVPrefixBackend:
     @staticmethod
     def check(model_config) -> None:
         """Before any weights load: what the store and the re-placing cannot hold (RotaryError): positions
-        applied other than by a rotary function, layers reading another layer's keys and values, keys of
-        different shapes across layers."""
+        applied other than by a rotary function, layers reading another layer's keys and values."""
         kind = model_config.model_type
         model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(model_config), None)
         if model_class is not None and not has_rotary_function(model_class):
@@ -139,10 +145,6 @@ class KVPrefixBackend:
         if shared:
             raise RotaryError(f"stores each layer's own keys and values; model type {kind!r} shares them across "
                               f"layers (layers {shared} read another layer's)")
-        shapes = decoder.key_shapes(model_config)
-        if len(shapes) > 1:
-            raise RotaryError(f"stores one key shape for every layer; model type {kind!r} has (kv heads, head width) "
-                              + ", ".join(f"{shape} at layers {where}" for shape, where in shapes.items()))
 
     def cache(self, memory: LatentMemory, room: int, layers: int | None = None) -> Cache:
         """A cache holding the memory of `layers` first layers at positions 0..N, with `room` to grow."""

@@ -20,7 +20,7 @@ class Fragment:
 
     keys, values: [layers, kv_heads, T, head_dim], position-free (taken before RoPE), or None; values may
                   differ from keys in heads and width (multi-head latent attention caches a latent and a
-                  rotated part).
+                  rotated part); a `Layered` where layers differ in heads or width (Gemma-4's global layers).
     states:       [layers, T, hidden], the input of every decoder layer, or None.
     self_info:    [T] nats, -log p(token | its own preceding tokens); inf where unknown.
     token_ids and self_info are [layers, T] once layers have evicted different positions.
@@ -30,8 +30,8 @@ class Fragment:
     text: str
     token_ids: torch.Tensor
     self_info: torch.Tensor
-    keys: torch.Tensor | None = None
-    values: torch.Tensor | None = None
+    keys: torch.Tensor | Layered | None = None
+    values: torch.Tensor | Layered | None = None
     states: torch.Tensor | None = None
 
     def __len__(self) -> int:
@@ -40,13 +40,14 @@ class Fragment:
     @property
     def num_layers(self) -> int | None:
         stored = self.keys if self.keys is not None else self.states
-        return None if stored is None else int(stored.shape[0])
+        return None if stored is None else int(len(stored))
 
     def take(self, positions: torch.Tensor) -> "Fragment":
         """The fragment restricted to `positions`: [T'] sorted, the same at every layer,
         or [layers, T'], each layer its own (then token ids and self-information become per layer)."""
         def pick(t, dim):
-            return None if t is None else _select(t, positions, dim)
+            return None if t is None else t.select(positions, dim) if isinstance(t, Layered) else \
+                _select(t, positions, dim)
         per_token = [t[..., positions] if positions.dim() == 1 else
                      t.expand(positions.shape[0], -1).gather(1, positions)
                      for t in (self.token_ids, self.self_info)]
@@ -63,6 +64,36 @@ def _select(t: torch.Tensor, positions: torch.Tensor, dim: int) -> torch.Tensor:
     size = list(t.shape)
     size[dim] = positions.shape[1]
     return t.gather(dim, positions.view(view).expand(size))
+
+
+@dataclass(frozen=True)
+class Layered:
+    """Per-layer tensors whose heads or width differ between layers (Gemma-4's wider global heads): one
+    tensor [layers of the group, heads, T, d] per group of layers sharing a shape; `layers` holds each
+    group's layer indices, ascending."""
+
+    layers: tuple[tuple[int, ...], ...]
+    parts: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def of(cls, per_layer: list[torch.Tensor], groups: list[list[int]]) -> torch.Tensor | "Layered":
+        """Layer tensors [heads, T, d] stacked by group: one tensor [L, heads, T, d] when there is one group."""
+        if len(groups) == 1:
+            return torch.stack(per_layer)
+        return cls(tuple(map(tuple, groups)), tuple(torch.stack([per_layer[i] for i in g]) for g in groups))
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self.layers)
+
+    def select(self, positions: torch.Tensor, dim: int) -> "Layered":
+        """`_select` on every group (positions [layers, T'] give each group its layers' rows)."""
+        return Layered(self.layers, tuple(_select(part, positions if positions.dim() == 1 else positions[list(g)],
+                                                  dim) for g, part in zip(self.layers, self.parts)))
+
+
+def parts(t: torch.Tensor | Layered) -> tuple[torch.Tensor, ...]:
+    """A store tensor's groups of same-shaped layers: (t,) when every layer has one shape."""
+    return t.parts if isinstance(t, Layered) else (t,)
 
 
 @dataclass
@@ -163,7 +194,22 @@ class MemoryFileError(ValueError):
 
 
 def _as_dict(fragment: Fragment | None) -> dict | None:
-    return None if fragment is None else {f.name: getattr(fragment, f.name) for f in fields(fragment)}
+    def saved(value):
+        return {"layers": [list(g) for g in value.layers], "parts": list(value.parts)} \
+            if isinstance(value, Layered) else value
+    return None if fragment is None else {f.name: saved(getattr(fragment, f.name)) for f in fields(fragment)}
+
+
+def _read_layered(value, where: str):
+    """A saved Layered (layer groups and their tensors) back, or the value as it is."""
+    if not isinstance(value, dict):
+        return value
+    groups, tensors = value.get("layers"), value.get("parts")
+    if set(value) != {"layers", "parts"} or not isinstance(groups, list) or not isinstance(tensors, list) \
+            or len(groups) != len(tensors) or not all(isinstance(g, list) and all(isinstance(i, int) for i in g)
+                                                      for g in groups):
+        raise ValueError(f"{where}: layer groups must be {{'layers': [[int, ...], ...], 'parts': [tensor, ...]}}")
+    return Layered(tuple(map(tuple, groups)), tuple(tensors))
 
 
 def _validated(data) -> LatentMemory:
@@ -188,7 +234,7 @@ def _fragment(entry, where: str) -> Fragment:
     if not isinstance(entry, dict) or set(entry) != names:
         found = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
         raise ValueError(f"{where}: fields {found}, expected {sorted(names)}")
-    fragment = Fragment(**entry)
+    fragment = Fragment(**{k: _read_layered(v, f"{where}: {k}") for k, v in entry.items()})
     if not isinstance(fragment.fid, int) or not isinstance(fragment.text, str):
         raise ValueError(f"{where}: fid must be an integer and text a string")
     ids, info = fragment.token_ids, fragment.self_info
@@ -198,15 +244,20 @@ def _fragment(entry, where: str) -> Fragment:
                          f"[T] or [layers, T]")
     length = len(fragment)
     for name, token_dim, dims in (("keys", 2, 4), ("values", 2, 4), ("states", 1, 3)):
-        t = getattr(fragment, name)
-        if t is not None and (not isinstance(t, torch.Tensor) or t.dim() != dims or not t.is_floating_point()
-                              or t.shape[token_dim] != length):
-            raise ValueError(f"{where}: {name} must be a float tensor of {dims} dims holding its {length} tokens "
-                             f"at dim {token_dim}, got {getattr(t, 'shape', type(t).__name__)}")
+        for t in parts(getattr(fragment, name)) if getattr(fragment, name) is not None else ():
+            if not isinstance(t, torch.Tensor) or t.dim() != dims or not t.is_floating_point() \
+                    or t.shape[token_dim] != length:
+                raise ValueError(f"{where}: {name} must be a float tensor of {dims} dims holding its {length} "
+                                 f"tokens at dim {token_dim}, got {getattr(t, 'shape', type(t).__name__)}")
     if (fragment.keys is None) != (fragment.values is None) or \
-            (fragment.keys is not None and fragment.keys.shape[0] != fragment.values.shape[0]):
+            (fragment.keys is not None and _layout(fragment.keys) != _layout(fragment.values)):
         raise ValueError(f"{where}: keys and values must both be present, for the same layers")
     return fragment
+
+
+def _layout(t: torch.Tensor | Layered) -> tuple:
+    """Which layers a store tensor holds, in which groups."""
+    return t.layers if isinstance(t, Layered) else (len(t),)
 
 
 def _consistent(fragments: list[Fragment]) -> None:
@@ -217,7 +268,8 @@ def _consistent(fragments: list[Fragment]) -> None:
             continue
         if any(t is None for t in present):
             raise ValueError(f"some fragments have {name} and some do not")
-        sizes = {tuple(t.shape[d] for d in shared) + (t.dtype,) for t in present}
+        sizes = {(_layout(t),) + tuple((tuple(p.shape[d] for d in shared), p.dtype) for p in parts(t))
+                 for t in present}
         if len(sizes) > 1:
             raise ValueError(f"{name} differ across fragments in layers, heads, width or dtype: "
                              f"{sorted(map(str, sizes))}")

@@ -25,10 +25,10 @@ import torch
 from transformers import DynamicCache
 
 from methods.decoder import attention, attentions, layers
+from methods.memory import Layered
 
 ROTARY_PREFIX = "apply_rotary"
 PROBE_TOKENS = 8
-SLOTS = ("keys", "values")
 
 
 class RotaryError(ValueError):
@@ -202,12 +202,10 @@ class Rotary:
         if len(cache.layers) != n_layers:
             raise RotaryError(f"model type {kind!r}: {n_layers - len(cache.layers)} of its {n_layers} layers keep no "
                               f"keys and values of their own (they read another layer's)")
-        for slot, name in enumerate(SLOTS):
-            shapes = sorted({(layer.keys, layer.values)[slot].shape[1:2] + (layer.keys, layer.values)[slot].shape[-1:]
-                             for layer in cache.layers})
-            if len(shapes) > 1:
-                raise RotaryError(f"model type {kind!r}: its layers' {name} differ in (heads, width) "
-                                  f"{[tuple(s) for s in shapes]}; the memory store holds one shape for every layer")
+        shapes: dict[tuple, list[int]] = {}
+        for index, layer in enumerate(cache.layers):
+            shapes.setdefault(tuple((t.shape[1], t.shape[-1]) for t in (layer.keys, layer.values)), []).append(index)
+        self.groups = list(shapes.values())
         positions = torch.arange(PROBE_TOKENS, device=self.model.device).view(1, -1)
         tables = [c(seen[0].cos.new_zeros(1), positions) for c in self.candidates] if seen else []
         how = []
@@ -269,13 +267,20 @@ class Rotary:
         tensors[rotation.slot] = tensor
         return apply(*tensors, cos, sin, **extra)[rotation.slot]
 
-    def place(self, out: torch.Tensor, stored: torch.Tensor, slot: int, tables, start: int) -> None:
-        """Write cached tensors `stored` [L, heads, T, d] of `slot` (0 keys, 1 values; layers 0..L-1) into
-        out [L, heads, T, d] at positions start..start+T-1."""
+    def stacked(self, per_layer: list[torch.Tensor]) -> torch.Tensor | Layered:
+        """Layer tensors [heads, T, d] as the store keeps them: one tensor, or one per group of layers that
+        share a shape."""
+        return Layered.of(per_layer, self.groups)
+
+    def place(self, out: torch.Tensor, stored: torch.Tensor, slot: int, tables, start: int,
+              layers: list[int] | None = None) -> None:
+        """Write cached tensors `stored` [L, heads, T, d] of `slot` (0 keys, 1 values) of `layers` (default
+        0..L-1) into out [L, heads, T, d] at positions start..start+T-1."""
         end, count = start + stored.shape[2], len(stored)
+        layers = range(count) if layers is None else layers
         groups: dict[Rotation | None, list[int]] = {}
-        for index in range(count):
-            groups.setdefault(self.how[index].get(slot), []).append(index)
+        for row, index in enumerate(layers):
+            groups.setdefault(self.how[index].get(slot), []).append(row)
         for rotation, chosen in groups.items():
             group = stored if len(chosen) == count else stored[chosen]
             if rotation is None:

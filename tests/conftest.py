@@ -41,6 +41,8 @@ FAMILIES = {
                                        rope_parameters=GEMMA3_ROPE),
     "gemma4": lambda: Gemma4TextConfig(**COMMON, sliding_window=12, global_head_dim=16,   # RoPE per tensor,
                                        layer_types=["sliding_attention", "full_attention", "full_attention"]),  # heads 2nd
+    "gemma4_wide": lambda: Gemma4TextConfig(**COMMON, sliding_window=12, global_head_dim=32,  # wider global heads,
+                                            attention_k_eq_v=True, layer_types=SLIDING_GLOBAL),  # values from keys
     "qwen3": lambda: Qwen3Config(**COMMON),                      # QK-norm
     "qwen3_moe": lambda: Qwen3MoeConfig(**COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
     "phi3": lambda: Phi3Config(**COMMON, partial_rotary_factor=0.5),         # fused qkv, partial rotary inside RoPE

@@ -129,11 +129,11 @@ def test_a_trace_keeps_its_buffer_through_a_longer_prompt_and_the_next_update(ll
     memory = formed(llama, tokenizer, "shared_sink", FRAGMENTS * 4)
     resident = KVPrefixBackend(llama)
     resident.attention_rows(memory, torch.arange(5, 9), [1])
-    buffer = resident.traced.keys.data_ptr()
+    buffer = resident.traced.keys[0].data_ptr()
     resident.attention_rows(memory, torch.arange(5, 10), [1])
     memory.append(formed(llama, tokenizer, "shared_sink", FRAGMENTS[3:4]).fragments[0])
     rows = resident.attention_rows(memory, torch.arange(5, 10), [1])
-    assert resident.traced.keys.data_ptr() == buffer
+    assert resident.traced.keys[0].data_ptr() == buffer
     assert torch.equal(rows[1], KVPrefixBackend(llama).attention_rows(memory, torch.arange(5, 10), [1])[1])
 
 

@@ -3,7 +3,7 @@ load, with the true reason.
 
 Exact: every family in tests/conftest.py FAMILIES (among them GPT-OSS's attention sinks, SmolLM3's and
 Cohere2's layers without rotary positions, Falcon's `.h` stack with inline attention, DeepSeek-V3's
-multi-head latent attention): fast == hidden_prefix within 1e-4 (logits) and 1e-5 (densities against the
+multi-head latent attention, Gemma-4's wider global heads): fast == hidden_prefix within 1e-4 (logits) and 1e-5 (densities against the
 model's own eager attention) in tests/test_backends.py, and the load-time self-check passes in
 tests/test_selfcheck.py. Refused: the rows below, checked on a folder holding only a config and a tokenizer.
 """
@@ -33,10 +33,6 @@ REFUSED = {   # family: (config, backends refused, what the one line says)
                                              n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
                                              moe_intermediate_size=32),           # latent attention, complex RoPE
                     ["fast"], f"{NO_ROTARY}.*'deepseek_v2'.*defines none"),
-    "gemma4_wide_global": (lambda: Gemma4TextConfig(**GEMMA4, global_head_dim=32, layer_types=[
-        "sliding_attention", "full_attention", "full_attention"]),
-        ["fast"], r"stores one key shape for every layer; model type 'gemma4_text' has \(kv heads, head width\) "
-                  r"\(2, 16\) at layers \[0\], \(2, 32\) at layers \[1, 2\]"),
     "gemma4_kv_shared": (lambda: Gemma4TextConfig(**{**GEMMA4, "num_hidden_layers": 4}, global_head_dim=16,
                                                   num_kv_shared_layers=2,
                                                   layer_types=["sliding_attention", "full_attention"] * 2),

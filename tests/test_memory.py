@@ -121,3 +121,33 @@ def test_a_failure_mid_save_leaves_the_old_file_intact(memory, tmp_path, monkeyp
     with pytest.raises(OSError, match="disk full"):
         LatentMemory(memory.sink, memory.fragments[:1]).save(path)
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["m.pt"]
+
+
+def test_layers_of_different_shapes_keep_their_own_select_and_round_trip(tmp_path):
+    """Keys whose heads and width differ by layer (Gemma-4's global layers) are kept per group of layers:
+    selecting, per-layer eviction and save/load act on every group as on one tensor."""
+    from methods.memory import Layered
+
+    groups, g = [[0, 2], [1]], torch.Generator().manual_seed(0)
+
+    def layered(length):
+        per_layer = [torch.randn(KV if i != 1 else 1, length, D if i != 1 else 2 * D, generator=g) for i in range(L)]
+        return per_layer, Layered.of(per_layer, groups)
+
+    (per_keys, keys), (per_values, values) = layered(5), layered(5)
+    frag = Fragment(0, "t", torch.arange(5), torch.rand(5), keys=keys, values=values)
+    assert len(frag.keys) == L and frag.num_layers == L
+    positions = torch.tensor([[0, 3], [1, 4], [2, 3]])                    # each layer its own
+    taken = frag.take(positions)
+    for layer in range(L):
+        group = next(i for i, members in enumerate(groups) if layer in members)
+        row = groups[group].index(layer)
+        torch.testing.assert_close(taken.keys.parts[group][row], per_keys[layer][:, positions[layer]])
+    memory = LatentMemory(frag.take(torch.arange(1)), [frag, frag.take(torch.arange(2))])
+    memory.save(tmp_path / "m.pt")
+    loaded = LatentMemory.load(tmp_path / "m.pt")
+    for a, b in zip(loaded.fragments, memory.fragments):
+        assert a.keys.layers == b.keys.layers
+        for x, y in zip(a.keys.parts + a.values.parts, b.keys.parts + b.values.parts):
+            assert torch.equal(x, y)
+
