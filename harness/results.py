@@ -1,27 +1,42 @@
-"""The self-describing result folder of one run, resumable.
+"""The self-describing result folder of one run, resumable, with one writer.
 
 config.yaml (resolved), predictions.jsonl (one line per question, written as it
 is answered), groups.jsonl (one line per finished group, written after its
-answers), metrics.csv (accuracy per step), run.json (versions, git hash,
-timing, peak memory).
+answers: its record count and their sha256), metrics.csv (accuracy per step),
+run.json (versions, git hash, timing, peak memory).
 
-A group counts once groups.jsonl says it finished. Rerunning the same config
-into the folder keeps those groups, drops the answers of a group cut short (also
-by kill -9, mid-line), and runs only what is missing.
+One writer per folder: a run holds an exclusive lock on `.lock` for its life (the
+OS releases it when the process dies, even by kill -9); a second run or resume
+into the folder is refused, naming the holder.
+
+A group counts once groups.jsonl says it finished and its records on disk are
+exactly the ones it finished with (count and hash). Rerunning the same config
+into the folder keeps those groups, reruns any group whose records are cut,
+damaged or doubled, drops the answers of a group cut short (also by kill -9,
+mid-line), and runs only what is missing. A write that fails (a full disk) stops
+the run with one line naming the folder; what was finished stays on disk.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
+import os
 import platform
 import resource
+import socket
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
 import torch
+import yaml
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from harness.errors import ConfigError
 
@@ -62,49 +77,144 @@ def peak_memory_mb() -> dict[str, float]:
     return peak
 
 
+class RunLock:
+    """An exclusive lock on <folder>/.lock, held until `release` or the process's end; the file names the
+    holder (pid, host, start time) for the one-line refusal of a second writer."""
+
+    def __init__(self, folder: Path):
+        self.handle = open(folder / ".lock", "a+", encoding="utf-8")
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.handle.seek(0)
+            holder = self.handle.read().strip() or "a process that has not named itself yet"
+            self.handle.close()
+            raise ConfigError(f"{folder} is being written by another run ({holder}); wait for it to end or "
+                              f"choose another output folder") from None
+        self.handle.seek(0)
+        self.handle.truncate()
+        self.handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
+                          f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        self.handle.flush()
+
+    def release(self) -> None:
+        if not self.handle.closed:
+            fcntl.flock(self.handle, fcntl.LOCK_UN)
+            self.handle.close()
+
+
+def digest(lines: list[str]) -> str:
+    """sha256 of a group's record lines as written."""
+    return hashlib.sha256("".join(line + "\n" for line in lines).encode()).hexdigest()
+
+
 class ResultFolder:
     # settings that do not change a run's answers: a resumed run may change them
     FREE = ("threads", "logger", "resume")
 
     def __init__(self, folder: str | Path, cfg, resume: bool = True):
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        with self.writing():
+            self.folder.mkdir(parents=True, exist_ok=True)
+        self.lock = RunLock(self.folder)
         self.done: dict[int, float] = {}                  # finished group -> seconds it took
         self.records: list[dict] = []
-        if resume and (self.folder / "groups.jsonl").exists():
-            self._check_same_run(cfg)
-            self.done = {g["group"]: g["seconds"] for g in read_jsonl(self.folder / "groups.jsonl")}
-            self.records = [r for r in read_jsonl(self.folder / "predictions.jsonl") if r["group"] in self.done]
-        (self.folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        self._predictions = _rewrite(self.folder / "predictions.jsonl", self.records)
-        self._groups = _rewrite(self.folder / "groups.jsonl",
-                                [{"group": g, "seconds": t} for g, t in self.done.items()])
+        self.lines: dict[int, list[str]] = {}             # group -> its record lines as written
+        self.rerun: list[int] = []                        # finished groups whose records were damaged
+        self.kept_lines: list[str] = []                   # the kept records' lines, in file order
+        try:
+            if resume and (self.folder / "groups.jsonl").exists():
+                self._check_same_run(cfg)
+                self._verified_groups()
+            with self.writing():
+                atomic_write(self.folder / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+                self._predictions = _rewrite(self.folder / "predictions.jsonl", self.kept_lines)
+                self._groups = _rewrite(self.folder / "groups.jsonl", [self._group_line(g) for g in self.done])
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _verified_groups(self) -> None:
+        """The finished groups whose records on disk are the ones they finished with; the rest run again."""
+        written = read_lines(self.folder / "predictions.jsonl")
+        lines: dict[int, list[str]] = {}
+        for line, record in written:
+            lines.setdefault(record.get("group"), []).append(line)
+        finished = {entry.get("group"): entry for entry in read_jsonl(self.folder / "groups.jsonl")}
+        for group, entry in finished.items():
+            mine = lines.get(group, [])
+            if "records" in entry and (len(mine) != entry["records"] or digest(mine) != entry.get("sha256")):
+                self.rerun.append(group)
+                continue
+            self.done[group], self.lines[group] = entry["seconds"], mine
+        kept = [(line, record) for line, record in written if record.get("group") in self.done]
+        self.records, self.kept_lines = [record for _, record in kept], [line for line, _ in kept]
+
+    def _group_line(self, group: int) -> dict:
+        lines = self.lines.get(group, [])
+        return {"group": group, "seconds": self.done[group], "records": len(lines), "sha256": digest(lines)}
 
     def _check_same_run(self, cfg) -> None:
         def comparable(conf):
             return {k: v for k, v in OmegaConf.to_container(conf, resolve=True).items() if k not in self.FREE}
-        before, now = comparable(OmegaConf.load(self.folder / "config.yaml")), comparable(cfg)
+        try:
+            before = comparable(OmegaConf.load(self.folder / "config.yaml"))
+        except (OSError, ValueError, OmegaConfBaseException, yaml.YAMLError) as err:
+            raise ConfigError(f"{self.folder} holds results but its config.yaml cannot be read "
+                              f"({str(err).splitlines()[0] if str(err) else type(err).__name__}); choose another "
+                              f"output folder, or pass resume=false to start it over") from None
+        now = comparable(cfg)
         changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
         if changed:
             raise ConfigError(f"{self.folder} holds a run with other settings ({', '.join(changed)}); "
                               "choose another output folder, or pass resume=false to start it over")
 
+    @contextmanager
+    def writing(self):
+        """A failed write (a full disk, a folder made read-only) ends the run with one line naming the folder."""
+        try:
+            yield
+        except OSError as err:
+            raise ConfigError(f"cannot write the results in {self.folder}: {err.strerror or err}; the groups "
+                              f"finished so far are kept: make room and rerun the same command to resume") from None
+
     def add(self, record: dict) -> None:
+        line = json.dumps(record)
+        with self.writing():
+            self._predictions.write(line + "\n")
+            self._predictions.flush()
         self.records.append(record)
-        self._predictions.write(json.dumps(record) + "\n")
-        self._predictions.flush()
+        self.lines.setdefault(record["group"], []).append(line)
 
     def end_group(self, group: int, seconds: float) -> None:
         self.done[group] = seconds
-        self._groups.write(json.dumps({"group": group, "seconds": seconds}) + "\n")
-        self._groups.flush()
+        with self.writing():
+            self._groups.write(json.dumps(self._group_line(group)) + "\n")
+            self._groups.flush()
 
     def finish(self, metrics, info: dict) -> None:
-        self._predictions.close()
-        self._groups.close()
-        metrics.to_csv(self.folder / "metrics.csv", index=False)
-        info = {**info, "versions": versions(), "git": git_hash(), "argv": sys.argv}
-        (self.folder / "run.json").write_text(json.dumps(info, indent=2))
+        with self.writing():
+            self._predictions.close()
+            self._groups.close()
+            atomic_write(self.folder / "metrics.csv", metrics.to_csv(index=False))
+            info = {**info, "versions": versions(), "git": git_hash(), "argv": sys.argv}
+            atomic_write(self.folder / "run.json", json.dumps(info, indent=2))
+
+    def close(self) -> None:
+        """Stop writing and let another run have the folder."""
+        for handle in (getattr(self, "_predictions", None), getattr(self, "_groups", None)):
+            if handle is not None and not handle.closed:
+                try:
+                    handle.close()
+                except OSError:
+                    pass
+        self.lock.release()
+
+    def __enter__(self) -> "ResultFolder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def read_run_info(folder: Path) -> dict:
@@ -118,18 +228,35 @@ def metrics_table(task, records: list[dict], label: str):
     return metrics
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """The complete lines of a JSONL file; a line cut short by a kill is skipped."""
+def read_lines(path: Path) -> list[tuple[str, dict]]:
+    """(line, record) for each complete line of a JSONL file; a line cut short by a kill is skipped."""
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if path.exists() else []:
         try:
-            rows.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict):
+            rows.append((line, record))
     return rows
 
 
-def _rewrite(path: Path, rows: list[dict]):
-    """Write `rows` to `path` and return it open for appending."""
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+def read_jsonl(path: Path) -> list[dict]:
+    """The complete records of a JSONL file."""
+    return [record for _, record in read_lines(path)]
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write `text` whole or not at all: a temporary file beside `path`, then a rename."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _rewrite(path: Path, lines: list[str | dict]):
+    """Replace `path` with `lines` (whole or not at all) and return it open for appending."""
+    atomic_write(path, "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
     return open(path, "a", encoding="utf-8")

@@ -105,13 +105,9 @@ def phase_totals(records: list[dict]) -> dict[str, float]:
     return totals
 
 
-def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
-    """Run the task with the method; returns the task's metrics table. sweep_dir: the multirun's folder."""
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    spec, method, task, forgetting, compressor, groups = preflight(cfg)
-    folder = ResultFolder(run_dir, cfg, resume=cfg.resume)
+def _run_groups(cfg, folder: ResultFolder, spec, method, task, forgetting, compressor, groups, run_dir: str):
+    """Answer every group the folder does not hold yet; write the metrics and run.json. Returns
+    (metrics, records, info)."""
     reset_peak_memory()
     model, tokenizer = load(spec)
     backend = BACKENDS[cfg.backend](model)
@@ -121,6 +117,9 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
     compressed: list[dict] = []
     if folder.done:
         log.info("resuming %s: %d of %d groups already finished", run_dir, len(folder.done), len(groups))
+    if folder.rerun:
+        log.warning("%s: groups %s had damaged, missing or doubled records on disk: they run again", run_dir,
+                    folder.rerun)
     for group in tqdm([g for g in groups if g.index not in folder.done], desc=f"{label} groups", unit="group",
                       initial=len(folder.done), total=len(groups)):
         session = Session(model, tokenizer, backend, method.for_group(group.index), cfg.formation, cfg.prompt,
@@ -145,6 +144,19 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
                         "phases": phase_totals(records)},
             "peak_memory": peak_memory_mb()}
     folder.finish(metrics, info)
+    return metrics, records, info
+
+
+def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
+    """Run the task with the method; returns the task's metrics table. sweep_dir: the multirun's folder."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    spec, method, task, forgetting, compressor, groups = preflight(cfg)
+    with ResultFolder(run_dir, cfg, resume=cfg.resume) as folder:
+        metrics, records, info = _run_groups(cfg, folder, spec, method, task, forgetting, compressor, groups,
+                                             run_dir)
+    label = cfg.method.label
     tags = [f"method:{label}", f"task:{cfg.task._target_.rsplit('.', 1)[-1]}", f"dataset:{cfg.task.dataset}",
             f"model:{spec.name}", f"forgetting:{cfg.forgetting.label}"]
     logger = instantiate(cfg.logger, _partial_=True)(

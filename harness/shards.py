@@ -75,11 +75,6 @@ def merge(shard_dirs: list[Path], target: Path, cfg) -> Path:
     records = sorted((r for path in shard_dirs for r in read_jsonl(path / "predictions.jsonl")),
                      key=lambda r: r["group"])                                   # stable: steps stay in order
     seconds = {g["group"]: g["seconds"] for path in shard_dirs for g in read_jsonl(path / "groups.jsonl")}
-    out = ResultFolder(target, cfg, resume=False)
-    for record in records:
-        out.add(record)
-    for group in sorted(seconds):
-        out.end_group(group, seconds[group])
     metrics = metrics_table(build(cfg.task, "task"), records, cfg.method.label)
     peaks = defaultdict(float)
     for info in infos:
@@ -89,5 +84,10 @@ def merge(shard_dirs: list[Path], target: Path, cfg) -> Path:
     info = {**{k: v for k, v in infos[0].items() if k not in ("versions", "git", "argv")},
             "groups": len(seconds), "seconds": {"total": total, "per_group": total / len(seconds)},
             "peak_memory": dict(peaks), "shards": [str(p) for p in shard_dirs]}
-    out.finish(metrics, info)
+    with ResultFolder(target, cfg, resume=False) as out:
+        for record in records:
+            out.add(record)
+        for group in sorted(seconds):
+            out.end_group(group, seconds[group])
+        out.finish(metrics, info)
     return target

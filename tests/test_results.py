@@ -1,6 +1,11 @@
-"""Result folders resume: finished groups are kept, a group cut short is dropped, settings must match."""
+"""Result folders resume: finished groups are kept, a group cut short is dropped, damaged records are rerun,
+settings must match, one writer at a time, a full disk loses nothing."""
 
+import errno
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from omegaconf import OmegaConf
@@ -16,13 +21,13 @@ def answer(group, step):
 
 
 def interrupted_run(folder):
-    run = ResultFolder(folder, CFG)
-    run.add(answer(0, 1))
-    run.add(answer(0, 2))
-    run.end_group(0, 1.5)
-    run.add(answer(1, 1))                                         # group 1 was cut short ...
-    run._predictions.write('{"group": 1, "st')                     # ... by a kill -9 in mid-line
-    run._predictions.flush()
+    with ResultFolder(folder, CFG) as run:
+        run.add(answer(0, 1))
+        run.add(answer(0, 2))
+        run.end_group(0, 1.5)
+        run.add(answer(1, 1))                                         # group 1 was cut short ...
+        run._predictions.write('{"group": 1, "st')                     # ... by a kill -9 in mid-line
+        run._predictions.flush()
 
 
 def test_a_rerun_keeps_finished_groups_and_drops_the_cut_one(tmp_path):
@@ -32,13 +37,113 @@ def test_a_rerun_keeps_finished_groups_and_drops_the_cut_one(tmp_path):
     resumed.add(answer(1, 1))
     resumed.add(answer(1, 2))
     resumed.end_group(1, 2.0)
+    resumed.close()
     lines = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
     assert lines == [answer(0, 1), answer(0, 2), answer(1, 1), answer(1, 2)]
-    assert ResultFolder(tmp_path, CFG).done == {0: 1.5, 1: 2.0}
+    with ResultFolder(tmp_path, CFG) as again:
+        assert again.done == {0: 1.5, 1: 2.0}
 
 
 def test_a_rerun_with_other_settings_is_refused(tmp_path):
     interrupted_run(tmp_path)
     with pytest.raises(ConfigError, match=r"holds a run with other settings \(method\)"):
         ResultFolder(tmp_path, OmegaConf.merge(CFG, {"method": {"label": "text"}}))
-    assert ResultFolder(tmp_path, CFG, resume=False).done == {}
+    with ResultFolder(tmp_path, CFG, resume=False) as fresh:
+        assert fresh.done == {}
+
+
+def finished_run(folder, groups=2):
+    with ResultFolder(folder, CFG) as run:
+        for group in range(groups):
+            run.add(answer(group, 1))
+            run.add(answer(group, 2))
+            run.end_group(group, 1.0 + group)
+
+
+def test_a_second_writer_is_refused_naming_the_folder_and_the_holder(tmp_path):
+    with ResultFolder(tmp_path, CFG):
+        with pytest.raises(ConfigError) as caught:
+            ResultFolder(tmp_path, CFG)
+        message = str(caught.value)
+        assert "\n" not in message and f"{tmp_path} is being written by another run (pid {os.getpid()} on" in message
+    with ResultFolder(tmp_path, CFG):                                  # released when the first ends
+        pass
+
+
+def test_the_lock_goes_with_a_killed_process(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from omegaconf import OmegaConf; "
+                               "from harness.results import ResultFolder; "
+                               f"f = ResultFolder({str(tmp_path)!r}, OmegaConf.create({dict(CFG)!r})); "
+                               "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(ConfigError, match=f"pid {holder.pid} on"):
+        ResultFolder(tmp_path, CFG)
+    holder.kill()
+    holder.wait()
+    with ResultFolder(tmp_path, CFG):
+        pass
+
+
+@pytest.mark.parametrize("damage", ["cut", "doubled", "lost"])
+def test_a_finished_group_whose_records_are_damaged_runs_again(tmp_path, damage):
+    finished_run(tmp_path)
+    path = tmp_path / "predictions.jsonl"
+    lines = path.read_text().splitlines()
+    lines = {"cut": lines[:1] + [lines[1][:9]] + lines[2:],             # a record cut mid-line, inside the file
+             "doubled": lines + lines[2:],                              # a second writer's copy of group 1
+             "lost": lines[1:]}[damage]
+    path.write_text("\n".join(lines) + "\n")
+    with ResultFolder(tmp_path, CFG) as resumed:
+        rerun = {"cut": [0], "doubled": [1], "lost": [0]}[damage]
+        assert resumed.rerun == rerun and set(resumed.done) == {0, 1} - set(rerun)
+        for group in rerun:
+            resumed.add(answer(group, 1))
+            resumed.add(answer(group, 2))
+            resumed.end_group(group, 3.0)
+    with ResultFolder(tmp_path, CFG) as again:
+        assert set(again.done) == {0, 1} and again.rerun == []
+        assert sorted((r["group"], r["step"]) for r in again.records) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+
+
+def test_a_full_disk_stops_with_one_line_and_the_resume_loses_nothing(tmp_path, monkeypatch):
+    """ENOSPC (simulated: the machine may not mount a small tmpfs) while group 1 is being written."""
+    run = ResultFolder(tmp_path, CFG)
+    run.add(answer(0, 1))
+    run.add(answer(0, 2))
+    run.end_group(0, 1.0)
+    run.add(answer(1, 1))
+
+    class Full:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def write(self, text):
+            self.handle.write(text[: len(text) // 2])                  # half the line reaches the disk
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+    run._predictions = Full(run._predictions)
+    with pytest.raises(ConfigError) as caught:
+        run.add(answer(1, 2))
+    assert str(caught.value).startswith(f"cannot write the results in {tmp_path}: No space left on device")
+    assert "\n" not in str(caught.value)
+    run.close()
+    with ResultFolder(tmp_path, CFG) as resumed:                        # room again
+        assert resumed.done == {0: 1.0} and resumed.records == [answer(0, 1), answer(0, 2)]
+        resumed.add(answer(1, 1))
+        resumed.add(answer(1, 2))
+        resumed.end_group(1, 2.0)
+    with ResultFolder(tmp_path, CFG) as again:
+        assert again.records == [answer(0, 1), answer(0, 2), answer(1, 1), answer(1, 2)]
+
+
+def test_a_rewrite_that_fails_keeps_the_file_it_would_replace(tmp_path, monkeypatch):
+    finished_run(tmp_path)
+    before = (tmp_path / "predictions.jsonl").read_text()
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left")))
+    with pytest.raises(ConfigError, match="cannot write the results in"):
+        ResultFolder(tmp_path, CFG)
+    assert (tmp_path / "predictions.jsonl").read_text() == before
+    assert not list(tmp_path.glob(".*.partial"))

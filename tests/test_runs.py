@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -97,3 +98,26 @@ def test_a_sequential_sweep_forms_each_distractor_once(tmp_path, tiny_checkpoint
     assert len(set(first)) == len(first)             # within a run: each distractor once, across its groups
     targets = 4                                      # task.groups: each run forms its own targets
     assert len(second) == targets < len(first)       # the second run forms no distractor again
+
+
+def test_a_second_run_into_a_folder_being_written_is_refused_and_nothing_is_doubled(tmp_path, tiny_checkpoint):
+    """The first run is paused (SIGSTOP) mid-way, holding its folder, while the second starts."""
+    command = [sys.executable, "-m", "harness", *tiny_overrides(tiny_checkpoint), *RUN, "task.groups=12",
+               "task.updates=4", f"hydra.run.dir={tmp_path / 'run'}"]
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ)
+    marker = tmp_path / "run" / "groups.jsonl"
+    while not (marker.exists() and marker.read_text().count("\n") >= 1):
+        assert first.poll() is None, "the first run ended before it could be paused"
+        time.sleep(0.01)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = subprocess.run(command, capture_output=True, text=True, env=os.environ, timeout=600)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    assert first.wait(timeout=600) == 0
+    lines = second.stderr.strip().splitlines()
+    assert second.returncode == 2 and len(lines) == 1, second.stderr[-2000:]
+    assert lines[0].startswith(f"memdefrag: error: {tmp_path / 'run'} is being written by another run (pid "
+                               f"{first.pid} on ")
+    keys = [(r["group"], r["step"]) for r in answers(tmp_path / "run")]
+    assert len(keys) == len(set(keys)) == 12 * 4
