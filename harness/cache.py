@@ -1,0 +1,157 @@
+"""The cache under MEMDEFRAG_CACHE (converted checkpoints, the joined Gemma-3 GGUF, file hashes, self-check
+verdicts) that verifies itself.
+
+Every entry is written whole or not at all (into a temporary name in the same folder, then renamed;
+temporaries removed on failure, and those of a killed writer removed by the next one), under a lock per
+entry, so that concurrent first uses build it once. A built entry records what it holds (each file's
+size and sha256); on use the sizes and modification times are compared (cheap), and a file whose
+modification time moved is hashed again: a truncated or overwritten entry is found and rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from harness.errors import ConfigError
+
+MANIFEST = "memdefrag-manifest.json"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MEMDEFRAG_CACHE", Path.home() / ".cache" / "memdefrag"))
+
+
+def usable(sub: str = "") -> Path:
+    """cache_dir()/sub, made; one line naming MEMDEFRAG_CACHE when it cannot be written."""
+    folder = cache_dir() / sub
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".writable.{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"MEMDEFRAG_CACHE={str(cache_dir())!r} cannot be used as the cache ({folder}: "
+                          f"{err.strerror or err}): point it at a folder this user may write") from None
+    return folder
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_json(path: Path, data) -> None:
+    """A JSON file written whole or not at all."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        partial.write_text(json.dumps(data, indent=1))
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object, or {} for a file missing, cut short or not an object (it is then rewritten)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+@contextlib.contextmanager
+def locked(entry: Path):
+    """An exclusive lock for building `entry` (released by the OS if the process dies)."""
+    with open(entry.with_name(f".{entry.name}.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _record(files: list[Path], root: Path) -> dict:
+    return {str(f.relative_to(root)): {"size": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns,
+                                       "sha256": sha256(f)} for f in files}
+
+
+def _manifest_of(entry: Path) -> Path:
+    """Where an entry's record lives: inside a folder, beside a file."""
+    return entry / MANIFEST if entry.is_dir() else entry.with_name(f".{entry.name}.{MANIFEST}")
+
+
+def intact(entry: Path) -> bool:
+    """Whether `entry` holds exactly what it was built with (sizes always; content where a file changed)."""
+    manifest = _manifest_of(entry)
+    recorded = read_json(manifest)
+    if not entry.exists() or not recorded:
+        return False
+    root = entry if entry.is_dir() else entry.parent
+    moved = False
+    for name, want in recorded.items():
+        path = root / name
+        try:
+            stat = path.stat()
+        except OSError:
+            return False
+        if stat.st_size != want.get("size"):
+            return False
+        if stat.st_mtime_ns != want.get("mtime_ns"):
+            if sha256(path) != want.get("sha256"):
+                return False
+            want["mtime_ns"], moved = stat.st_mtime_ns, True
+    if moved:                                    # touched, not changed: remember so the next check is cheap
+        with contextlib.suppress(OSError):
+            write_json(manifest, recorded)
+    return True
+
+
+def build(entry: Path, make) -> Path:
+    """`entry` (a folder or a file in the cache), built by make(temporary path) unless it is intact; built
+    whole or not at all, once under concurrent first uses; a damaged entry is built again."""
+    if intact(entry):
+        return entry
+    with locked(entry):
+        if intact(entry):                        # another process built it while we waited
+            return entry
+        for stale in entry.parent.glob(f".{entry.name}.*.tmp"):     # left by a killed builder
+            _remove(stale)
+        partial = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
+        try:
+            make(partial)
+            files = sorted(p for p in partial.rglob("*") if p.is_file()) if partial.is_dir() else [partial]
+            record = _record(files, partial if partial.is_dir() else partial.parent)
+            if partial.is_file():
+                record = {entry.name: record.pop(partial.name)}
+            _remove(entry)
+            _manifest_of(entry).unlink(missing_ok=True)
+            if partial.is_dir():
+                write_json(partial / MANIFEST, record)
+            os.replace(partial, entry)
+            if entry.is_file():
+                write_json(_manifest_of(entry), record)
+        except OSError as err:
+            if err.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT):
+                raise ConfigError(f"MEMDEFRAG_CACHE={str(cache_dir())!r}: cannot write {entry.name} "
+                                  f"({err.strerror}); make room or point MEMDEFRAG_CACHE elsewhere") from None
+            raise
+        finally:
+            _remove(partial)
+    return entry
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
