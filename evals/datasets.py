@@ -48,10 +48,18 @@ def load(name: str, data_dir: str | None, seed: int = 0) -> RetentionData:
         if not isinstance(item, dict) or not all(isinstance(item.get(k), str) for k in ("context", "question", "answer")):
             raise ConfigError(f"{folder / TARGETS_FILE}: item {i} is not an object with string "
                               f"'context', 'question' and 'answer'")
+        blank = [k for k in ("context", "question", "answer") if not item[k].strip()]
+        if blank:                        # an empty answer is found in every output: accuracy 1.0, silently
+            raise ConfigError(f"{folder / TARGETS_FILE}: item {i} has an empty {' and '.join(map(repr, blank))}: "
+                              f"every item needs a non-empty context, question and answer")
         targets.append(QAItem(item["context"], item["question"], item["answer"]))
     unrelated = _read_list(folder / UNRELATED_FILE)
     if not all(isinstance(u, str) for u in unrelated):
         raise ConfigError(f"{folder / UNRELATED_FILE}: every entry must be a string (a context paragraph)")
+    empty = [i for i, u in enumerate(unrelated) if not u.strip()]
+    if empty:
+        raise ConfigError(f"{folder / UNRELATED_FILE}: entry {empty[0]} is empty: every distractor context needs "
+                          f"text")
     return RetentionData(targets, unrelated)
 
 

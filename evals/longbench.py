@@ -175,6 +175,8 @@ def validated(records: list[dict], where: str) -> list[dict]:
         answers = record.get("answers") if isinstance(record, dict) else None
         if not isinstance(answers, (list, tuple)) or not answers or not all(isinstance(a, str) for a in answers):
             raise ConfigError(f"{where}: item {i} has no 'answers' (a non-empty list of strings)")
+        if not all(a.strip() for a in answers):
+            raise ConfigError(f"{where}: item {i} has an empty answer (every answer needs text)")
         if not isinstance(record.get("input"), str):
             raise ConfigError(f"{where}: item {i} has no 'input' (the question, a string)")
         if not isinstance(record.get("context"), str) or not record["context"].strip():
@@ -224,6 +226,9 @@ class LongBench:
             self.records(subset)
         self.templates, self.answer_lengths     # read and checked here, once
         self.bertscore.check()
+
+    def check_model(self, model_config) -> None:
+        """Nothing of this task depends on the model's shape."""
 
     def records(self, subset: str) -> list[dict]:
         if self.dataset == "synthetic":

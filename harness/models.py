@@ -24,6 +24,7 @@ import methods.memoryllm_model  # noqa: F401 - registers model_type memoryllm wi
 from harness import cache
 from harness.errors import ConfigError
 from methods import decoder
+from methods.sources import unavailable
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -151,15 +152,34 @@ def check_source(spec: ModelSpec):
     if spec.dtype not in DTYPES:
         raise ConfigError(f"model.dtype={spec.dtype!r} is not one of {sorted(DTYPES)}")
     check_device(spec.device)
+    check_device_map(spec.device_map)
+    source, gguf_file, _ = _where(spec)
+    why = None if gguf_file else unavailable(source)
+    if why:
+        raise ConfigError(f"model.source={spec.source!r} cannot be loaded: it {why}")
     try:
-        config, tokenizer = _config_and_tokenizer(*_where(spec)[:2], spec.trust_remote_code)
+        config, tokenizer = _config_and_tokenizer(source, gguf_file, spec.trust_remote_code)
     except (OSError, ValueError, KeyError) as err:
         raise _loading_error(spec, err) from None
+    why = None if gguf_file else _without_weights(source)
+    if why:
+        raise ConfigError(f"model.source={spec.source!r} cannot be loaded: it {why}")
     try:
         decoder.check(config)
     except decoder.DecoderError as err:
         raise ConfigError(f"model.source={spec.source!r}: {err}") from None
     return config, tokenizer
+
+
+WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.index.json")
+
+
+def _without_weights(source: str) -> str | None:
+    """Why a local checkpoint folder cannot load (None for one with weights, or a hub id)."""
+    folder = Path(source).expanduser()
+    if folder.is_dir() and not any(any(folder.glob(pattern)) for pattern in WEIGHTS):
+        return f"is a folder without weights ({', '.join(WEIGHTS)})"
+    return None
 
 
 @functools.lru_cache(maxsize=8)
@@ -169,16 +189,36 @@ def _config_and_tokenizer(source: str, gguf_file: str | None, trust_remote_code:
     return AutoConfig.from_pretrained(source, **kwargs), AutoTokenizer.from_pretrained(source, **kwargs)
 
 
-def check_device(device: str) -> None:
-    """`auto`, or a torch device that this machine has."""
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device(device: str, key: str = "model.device") -> None:
+    """`auto`, `cpu`, or a CUDA device that this machine has (the only devices the backends are tested on)."""
     if device == "auto":
         return
     try:
-        kind = torch.device(device).type
-    except RuntimeError:
-        raise ConfigError(f"model.device={device!r} is not a device: use auto, cpu, cuda or cuda:<index>") from None
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"model.device={device!r}: this machine has no CUDA device (use auto or cpu)")
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        kind = "is not a device" if parsed is None else "is not a device this harness runs on"
+        raise ConfigError(f"{key}={device!r} {kind}: use auto, cpu, cuda or cuda:<index>")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{key}={device!r}: this machine has no CUDA device (use auto or cpu)")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ConfigError(f"{key}={device!r}: this machine has {torch.cuda.device_count()} CUDA devices "
+                          f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+
+
+def check_device_map(device_map: str | None) -> None:
+    """null, one of accelerate's strategies, or one device for every layer."""
+    if device_map is None or device_map in DEVICE_MAPS:
+        return
+    try:
+        check_device(device_map, "model.device_map")
+    except ConfigError:
+        raise ConfigError(f"model.device_map={device_map!r} is not allowed: use null, one of {list(DEVICE_MAPS)} "
+                          f"or a device (cpu, cuda, cuda:<index>)") from None
 
 
 def pick_device(device: str) -> str:

@@ -8,11 +8,14 @@ mean) followed by one generated section per paper table; a table without results
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import yaml
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from evals.distortion import correlations
 from evals.longbench import longbench_table
@@ -71,10 +74,22 @@ class Section:
 
 
 def runs_under(root: Path) -> list[Run]:
-    runs = []
+    """The runs below `root` (one still running, or killed, counts for what it answered; its run.json is
+    read when written). A folder whose config.yaml cannot be read is left out, one line on stderr says
+    which; none at all is refused, before anything is written."""
+    runs, skipped = [], []
     for folder in run_folders(root):
-        runs.append(Run(folder, OmegaConf.to_container(OmegaConf.load(folder / "config.yaml")),
-                        read_run_info(folder) if (folder / "run.json").is_file() else {}))
+        try:
+            runs.append(Run(folder, OmegaConf.to_container(OmegaConf.load(folder / "config.yaml")),
+                            read_run_info(folder) if (folder / "run.json").is_file() else {}))
+        except (OSError, ValueError, OmegaConfBaseException, yaml.YAMLError):
+            skipped.append(str(folder))
+    if skipped:
+        print(f"memdefrag report: left out {len(skipped)} run folders whose config.yaml or run.json cannot be read: "
+              f"{', '.join(skipped)}", file=sys.stderr)
+    if not runs:
+        raise ConfigError(f"{root} holds no run (a folder with config.yaml and predictions.jsonl): nothing to "
+                          f"report, nothing written")
     return runs
 
 

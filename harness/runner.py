@@ -65,6 +65,11 @@ def preflight(cfg: DictConfig):
         raise ConfigError(str(err)) from None
     task = build(cfg.task, "task")
     task.check()
+    task.check_model(model_config)
+    positions = getattr(model_config.get_text_config(), "max_position_embeddings", None)
+    if positions is not None and cfg.max_new_tokens >= positions:
+        raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} must be smaller than the model's "
+                          f"{positions} positions (model {spec.name}), which also hold the memory and the prompt")
     forgetting = build(cfg.forgetting, "forgetting")
     if method.keeps_own_memory and forgetting.capacity is not None:
         raise ConfigError(f"forgetting={cfg.forgetting.label}: method={cfg.method.label} keeps a memory of its "

@@ -32,11 +32,16 @@ def parse(spec: str | None) -> tuple[int, int] | None:
 
 
 def select(groups: list, shard: tuple[int, int] | None) -> list:
-    """The groups of this shard: every n-th, starting at the i-th."""
+    """The groups of this shard: every n-th, starting at the i-th. A shard that would select none is refused
+    (an empty run would count as a finished shard and merge into nothing)."""
     if shard is None:
         return groups
     index, count = shard
-    return [g for g in groups if g.index % count == index]
+    chosen = [g for g in groups if g.index % count == index]
+    if not chosen:
+        raise ConfigError(f"shard={index}/{count} selects none of the {len(groups)} groups: split them into at most "
+                          f"{len(groups)} shards")
+    return chosen
 
 
 def merge_sweep(folder: str | Path) -> list[Path]:

@@ -23,9 +23,31 @@ def tracers_file() -> Path:
     return Path(os.environ.get("MEMDEFRAG_TRACERS", Path(__file__).resolve().parents[1] / "conf" / "tracers.yaml"))
 
 
-def recorded() -> dict:
+def start_file() -> None:
+    """Create the MEMDEFRAG_TRACERS file that `tracer-sweep` is about to write (empty), where it is missing
+    and its folder exists: reading a missing one is refused (a mistyped path)."""
     path = tracers_file()
-    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    if "MEMDEFRAG_TRACERS" in os.environ and not path.exists() and path.parent.is_dir():
+        path.write_text("{}\n")
+
+
+def recorded() -> dict:
+    """The recorded table; one line naming the file (and MEMDEFRAG_TRACERS where it is set) when it is missing,
+    unreadable or not a table of models."""
+    path = tracers_file()
+    where = f"MEMDEFRAG_TRACERS={str(path)!r}" if "MEMDEFRAG_TRACERS" in os.environ else str(path)
+    if not path.is_file():
+        if "MEMDEFRAG_TRACERS" not in os.environ:
+            return {}
+        raise ConfigError(f"{where}: no such file (the recorded tracer layers); unset it for conf/tracers.yaml, or "
+                          f"run memdefrag tracer-sweep to write it")
+    try:
+        table = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"{where}: not readable YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+        raise ConfigError(f"{where}: must map model names to {{tracer_layer: ..., query_mode: ...}}")
+    return table
 
 
 def resolve(field: str, default=NO_DEFAULT, *, _parent_):

@@ -12,11 +12,11 @@ is re-read with the run's tokenizer.
 
 from __future__ import annotations
 
-import os
 from functools import cached_property
 
 from methods.compression import Compressor, kept_count
 from methods.self_information import self_information
+from methods.sources import unavailable
 
 
 def segment_quotas(tokens: int, kept: int, segment_tokens: int) -> list[int]:
@@ -41,12 +41,9 @@ class LLMLingua(Compressor):
     def check(self) -> None:
         if self.model is None:
             return
-        from methods.llmlingua2 import local_model
-
-        if os.environ.get("HF_HUB_OFFLINE") == "1" and not local_model(self.model):
-            raise ValueError(f"compression.model={self.model!r} is neither a folder here nor in the Hugging Face "
-                             f"cache, and the hub is offline: give a local causal LM folder, or null for the "
-                             f"run's own model")
+        why = unavailable(self.model)
+        if why:
+            raise ValueError(f"compression.model={self.model!r} {why} (a causal LM; null for the run's own model)")
 
     def describe(self) -> dict:
         return {**super().describe(), "model": self.model or "the run's model", "segment_tokens": self.segment_tokens}

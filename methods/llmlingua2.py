@@ -15,24 +15,14 @@ tokenizer), read in windows of its own length.
 
 from __future__ import annotations
 
-import os
 from functools import cached_property
-from pathlib import Path
 
 import torch
 
 from methods.compression import Compressor, kept_count
+from methods.sources import unavailable
 
 PAPER_MODEL = "microsoft/llmlingua-2-xlm-roberta-large-meetingbank"
-
-
-def local_model(model: str) -> bool:
-    """Whether `model` is a folder here or a hub id whose config is in the Hugging Face cache."""
-    if Path(model).is_dir():
-        return True
-    from huggingface_hub import try_to_load_from_cache
-
-    return isinstance(try_to_load_from_cache(model, "config.json"), str)
 
 
 def select_words(costs: list[int], probs: list[float], budget: int) -> dict[int, int]:
@@ -76,10 +66,9 @@ class LLMLingua2(Compressor):
         self.model, self.device = model or PAPER_MODEL, device
 
     def check(self) -> None:
-        if os.environ.get("HF_HUB_OFFLINE") == "1" and not local_model(self.model):
-            raise ValueError(f"compression.model={self.model!r} is neither a folder here nor in the Hugging Face "
-                             f"cache, and the hub is offline: download it once online (huggingface-cli download "
-                             f"{self.model}) or give a local folder")
+        why = unavailable(self.model)
+        if why:
+            raise ValueError(f"compression.model={self.model!r} {why} (a token classifier)")
 
     def describe(self) -> dict:
         return {**super().describe(), "model": self.model}

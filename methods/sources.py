@@ -1,0 +1,50 @@
+"""Where a model named by the user comes from: a local folder, the Hugging Face cache, or the hub when it
+can be reached. One check for every model a run names (the run's model, a compressor's, BERTScore's),
+before any weights load, that answers at once when the hub cannot be reached instead of after minutes
+of retries."""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+
+@functools.lru_cache(maxsize=1)
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub answers a connection (and HF_HUB_OFFLINE does not forbid it)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    from huggingface_hub import constants
+
+    endpoint = urlparse(constants.ENDPOINT)
+    try:
+        with socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+def cached(repo: str) -> bool:
+    """Whether a hub id's config is in the local Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo, "config.json"), str)
+    except ValueError:                   # not a valid hub id
+        return False
+
+
+def unavailable(source: str) -> str | None:
+    """Why `source` cannot be had here, as the rest of a sentence naming it ("... is neither ..."), or None
+    when it can: a folder here, in the Hugging Face cache, or on a hub that answers."""
+    if Path(source).expanduser().is_dir() or cached(source):
+        return None
+    if Path(source).expanduser().exists():
+        return "is a file, not a model folder"
+    if hub_reachable():
+        return None
+    return ("is neither a folder here nor in the Hugging Face cache, and the hub cannot be reached (offline): "
+            "download it once where the hub is reachable, or give a local folder")
