@@ -30,6 +30,7 @@ from evals import synthetic_long
 from evals.metrics import METRICS, AnswerMetrics, BertScore
 from evals.retention import rank_of
 from harness.errors import ConfigError
+from methods.session import format_prompt
 
 # the paper's six sets and how each is chunked by default
 PAPER_SUBSETS = {"2wikimqa": "passages", "hotpotqa": "passages", "musique": "passages",
@@ -227,8 +228,13 @@ class LongBench:
         self.templates, self.answer_lengths     # read and checked here, once
         self.bertscore.check()
 
-    def check_model(self, model_config) -> None:
-        """Nothing of this task depends on the model's shape."""
+    def check_model(self, model_config, tokenizer) -> None:
+        """A chat prompt needs the tokenizer's chat template."""
+        if self.prompt == "chat":
+            try:
+                format_prompt(tokenizer, "?", "chat")
+            except ValueError as err:
+                raise ConfigError(f"task.prompt=chat: {err}") from None
 
     def records(self, subset: str) -> list[dict]:
         if self.dataset == "synthetic":

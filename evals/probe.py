@@ -56,7 +56,7 @@ class Probe:
     def check(self) -> None:
         self.source.check()
 
-    def check_model(self, model_config) -> None:
+    def check_model(self, model_config, tokenizer) -> None:
         """The probed layers exist in this model."""
         self.layers_of(num_layers(model_config))
 

@@ -57,8 +57,8 @@ class Retention:
         """Read and validate the data (ConfigError on a bad value) before any model is loaded."""
         datasets.load(self.dataset, self.data_dir, self.seed)
 
-    def check_model(self, model_config) -> None:
-        """Nothing of this task depends on the model's shape."""
+    def check_model(self, model_config, tokenizer) -> None:
+        """Nothing of this task depends on the model."""
 
     def groups(self, tokenizer) -> list[Group]:
         """The groups of this run; raises ConfigError when the data cannot supply them."""

@@ -7,13 +7,13 @@ at the best-correlated layer, and the correlation bars (PNG), plus correlations.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from evals.distortion import accuracy_by_step, correlations, density_by_step
 from evals.probe import tracing_table
+from harness.errors import OneLineParser
 from harness.figures import accuracy_and_density, correlation_bars, density_heatmap
 from harness.results import read_jsonl
 from methods.tracing import QUERY_MODES
@@ -48,7 +48,7 @@ def write_analysis(folder: str | Path, records: list[dict]) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+")
     for folder in parser.parse_args(argv).folders:
         for path in write_analysis(folder, read_jsonl(Path(folder) / "predictions.jsonl")):

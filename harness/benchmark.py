@@ -31,7 +31,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from evals.retention import Retention
-from harness.errors import ConfigError, stops_on_config_error
+from harness.errors import ConfigError, OneLineParser, stops_on_config_error
 from harness.models import DTYPES, ModelSpec, check_device, check_source, grouped_sdpa_on_cpu, load, pick_device
 from methods.formation import Former
 from methods.hidden_prefix import HiddenPrefixBackend
@@ -195,7 +195,7 @@ def retention(args: argparse.Namespace, updates: int) -> Retention:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="memdefrag-bench", description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="nqa")
     parser.add_argument("--data-dir", default="../shared/data")
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 26], help="stored fragments per point")
@@ -229,9 +229,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def writable_file(option: str, path: str) -> None:
     """A file the benchmark can write when it ends: its folder exists and may be written."""
     folder = Path(path).absolute().parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or Path(path).is_dir():
-        raise ConfigError(f"{option} {path}: cannot be written ({folder} is not a folder this user may write, or "
-                          f"the path is a folder); give a file in an existing folder")
+    if Path(path).is_dir():
+        raise ConfigError(f"{option} {path}: is a folder; give a file (e.g. {Path(path) / 'speed.md'})")
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {path}: cannot be written ({folder} is not a folder this user may write); "
+                          f"give a file in an existing folder")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 import conf  # noqa: F401 - registers the typed schemas the configs extend
 from harness import report, shards, tracers
-from harness.errors import stops_on_config_error
+from harness.errors import OneLineParser, stops_on_config_error
 from harness.jobs import check_jobs
 from harness.runner import run
 
@@ -41,9 +41,7 @@ def tracer_sweep(cfg: DictConfig):
 
 def merge(argv: list[str]) -> None:
     """`memdefrag merge SWEEP_DIR...`: every complete set of shards below each folder, merged."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="memdefrag merge", description=merge.__doc__)
+    parser = OneLineParser(prog="memdefrag merge", description=merge.__doc__)
     parser.add_argument("folders", nargs="+")
     args = parser.parse_args(argv)
     with stops_on_config_error("memdefrag merge"):

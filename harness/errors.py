@@ -1,5 +1,6 @@
 """The one error type for bad input: raised before work starts, printed as one line."""
 
+import argparse
 import sys
 from contextlib import contextmanager
 
@@ -15,4 +16,12 @@ def stops_on_config_error(prog: str):
         yield
     except ConfigError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and exit status 2, as every other bad input here."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(2)

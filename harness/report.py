@@ -7,7 +7,6 @@ mean) followed by one generated section per paper table; a table without results
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from evals.distortion import correlations
 from evals.longbench import longbench_table
 from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
-from harness.errors import ConfigError
+from harness.errors import ConfigError, OneLineParser
 from harness.figures import accuracy_curves
 from harness.results import read_jsonl, read_run_info
 from harness.tracers import recorded, tracers_file
@@ -402,6 +401,6 @@ def write(root: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="memdefrag report", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="memdefrag report", description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="?", default="results")
     print(write(Path(parser.parse_args(argv).results)))

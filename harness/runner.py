@@ -65,7 +65,7 @@ def preflight(cfg: DictConfig):
         raise ConfigError(str(err)) from None
     task = build(cfg.task, "task")
     task.check()
-    task.check_model(model_config)
+    task.check_model(model_config, tokenizer)
     positions = getattr(model_config.get_text_config(), "max_position_embeddings", None)
     if positions is not None and cfg.max_new_tokens >= positions:
         raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} must be smaller than the model's "

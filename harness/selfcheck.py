@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, OneLineParser
 from harness.cache import read_json, usable, write_json
 from harness.models import ModelSpec
 from methods.formation import Former
@@ -114,13 +114,11 @@ def verify(backend, tokenizer, spec: ModelSpec) -> dict | None:
 def main(argv: list[str] | None = None) -> None:
     """`python -m harness.selfcheck --model gemma3_270m`: both backends on one group's fragments of a
     retention set, stored in order (vanilla) and as a reordered Top-2 view."""
-    import argparse
-
     import pandas as pd
 
     from evals.retention import Retention
 
-    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser = OneLineParser(description=main.__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="a config in conf/model/")
     parser.add_argument("--dataset", default="synthetic")
     parser.add_argument("--data-dir", default=None)

@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from harness.errors import ConfigError
 from harness.plugins import build
@@ -50,10 +52,15 @@ def merge_sweep(folder: str | Path) -> list[Path]:
         raise ConfigError(f"{folder}: no such folder (give a sweep folder holding shard runs)")
     sets: dict[str, list[tuple[Path, tuple[int, int]]]] = defaultdict(list)
     for run_dir in run_folders(folder):       # result folders only: Hydra's own .hydra/config.yaml is no run
-        cfg = OmegaConf.load(run_dir / "config.yaml")
+        try:
+            cfg = OmegaConf.load(run_dir / "config.yaml")
+        except (OSError, ValueError, OmegaConfBaseException, yaml.YAMLError) as err:
+            raise ConfigError(f"{run_dir / 'config.yaml'} cannot be read ({str(err).splitlines()[0]}): that folder "
+                              f"is no run this command can merge; move it out of {folder}") from None
         if cfg.get("shard") is None:
             continue
-        unsharded = OmegaConf.to_yaml(OmegaConf.merge(cfg, {"shard": None}))
+        free = {key: None for key in ResultFolder.FREE if key in cfg}     # shards may differ in these
+        unsharded = OmegaConf.to_yaml(OmegaConf.merge(cfg, {"shard": None, **free}))
         sets[unsharded].append((run_dir, parse(cfg.shard)))
     if not sets:
         raise ConfigError(f"{folder}: holds no sharded runs (shard=i/n) to merge")
@@ -61,12 +68,18 @@ def merge_sweep(folder: str | Path) -> list[Path]:
     for unsharded, shards in sets.items():
         count = shards[0][1][1]
         found = sorted(index for _, (index, _) in shards)
+        twice = sorted({f"{i}/{n}" for _, (i, n) in shards if sum(s == (i, n) for _, s in shards) > 1})
+        if twice:
+            raise ConfigError(f"shards {twice} of {shards[0][0].name} are there twice "
+                              f"({', '.join(str(p) for p, s in shards if f'{s[0]}/{s[1]}' in twice)}): keep one of each")
         if found != list(range(count)) or any(n != count for _, (_, n) in shards):
             raise ConfigError(f"shards of {shards[0][0].name} are incomplete: found "
                               f"{[f'{i}/{n}' for _, (i, n) in shards]}, need 0/{count}..{count - 1}/{count}")
         target = Path(folder) / "merged" / min(path.name for path, _ in shards)
+        first = OmegaConf.load(min(shards, key=lambda s: s[1])[0] / "config.yaml")
         merged.append(merge([path for path, _ in sorted(shards, key=lambda s: s[1])], target,
-                            OmegaConf.create(unsharded)))
+                            OmegaConf.merge(OmegaConf.create(unsharded), {key: first.get(key) for key in
+                                                                          ResultFolder.FREE if key in first})))
     return merged
 
 

@@ -12,6 +12,7 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
+from harness.errors import OneLineParser
 from harness.results import read_jsonl
 
 
@@ -119,11 +120,9 @@ class SweepSummary(Callback):
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m harness.summary RESULTS... --markdown F --plot F`: one table over result folders."""
-    import argparse
-
     from harness.figures import accuracy_curves
 
-    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser = OneLineParser(description=main.__doc__)
     parser.add_argument("folders", nargs="+", help="result or sweep folders (searched recursively)")
     parser.add_argument("--markdown", help="write the table here")
     parser.add_argument("--plot", help="write accuracy curves here (PNG)")

@@ -1,7 +1,9 @@
 """Every bad input ends `memdefrag` with exit status 2 and one line naming the key and the value,
 before any job runs or any model weights load (table-driven, through the real command in-process)."""
 
+import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,12 +117,96 @@ CASES = [
     (["method=mplus_defrag", "backend=hidden_prefix"], "method mplus needs a checkpoint of model_type 'memoryllm'"),
     (["method=memoryllm", "method.defragment=maybe"], "method.defragment: Value 'maybe'"),
     (["compression=none", "compression.rate=0.5"], "compression.rate: Key 'rate' not in 'CompressionSchema'"),
+    # devices, device maps and every model a run names, checked before weights (whether or not the hub answers)
+    (["model.device=meta"], "model.device='meta' is not a device this harness runs on: use auto, cpu, cuda"),
+    (["model.device=mps"], "model.device='mps' is not a device this harness runs on"),
+    (["model.device=xla"], "model.device='xla' is not a device this harness runs on"),
+    (["model.device_map=bogus"], "model.device_map='bogus' is not allowed: use null, one of ['auto', 'balanced'"),
+    (["model.device_map=meta"], "model.device_map='meta' is not allowed"),
+    (["model.device_map=disk"], "model.device_map='disk' is not allowed"),
+    (["model.source=/etc/hostname"], "model.source='/etc/hostname' cannot be loaded: it is a file, not a model folder"),
+    (["model.source=relative/missing"], "model.source='relative/missing' cannot be loaded: it is neither a folder here "
+     "nor in the Hugging Face cache, and the hub cannot be reached"),
+    (["task=longbench", "task.bertscore_model=nosuch"], "task.bertscore_model='nosuch' is neither a folder here"),
+    (["task=longbench", "task.bertscore_model=/nonexistent"], "task.bertscore_model='/nonexistent' is neither"),
+    (["task=longbench", "task.bertscore_layers=99"], "task.bertscore_layers=99 must be >= 1 and <= 6 (the layers of "
+     "minilm)"),
+    (["task=longbench", "task.bertscore_layers=-1"], "task.bertscore_layers=-1 must be >= 1"),
+    (["task=longbench", "task.bertscore_rescale=true"], "task.bertscore_rescale=true needs bert-score's English "
+     "baseline for task.bertscore_model='minilm', and it ships none"),
+    (["task=longbench", "task.prompt=chat", "model=gemma3_270m"], "task.prompt=chat: prompt='chat' needs a tokenizer "
+     "with a chat template"),
+    (["compression=llmlingua2", "compression.model=/nonexistent"], "compression.model='/nonexistent' is neither a "
+     "folder here nor in the Hugging Face cache"),
+    (["compression=llmlingua", "compression.model=/nonexistent"], "compression.model='/nonexistent' is neither"),
+    (["compression=llmlingua2", "compression.rate=0"], "compression.rate=0.0 must lie in (0, 1]"),
+    (["compression=llmlingua2", "compression.rate=1.01"], "compression.rate=1.01 must lie in (0, 1]"),
+    (["compression=llmlingua", "compression.rate=2"], "compression.rate=2.0 must lie in (0, 1]"),
+    (["compression=self_information", "compression.rate=-0.1"], "compression.rate=-0.1 must lie in (0, 1]"),
+    (["compression=llmlingua", "compression.segment_tokens=-5"], "compression.segment_tokens=-5 must be a whole"),
+    # layers, positions and shards, against the model and the task
+    (["task=probe", "task.layers=[99]"], "task.layers=[99] must be layer indices in 0..29 (this model has 30 "
+     "decoder layers)"),
+    (["task=probe", "task.layers=[]"], "task.layers=[] must be layer indices in 0..29"),
+    (["task=probe", "task.layers=[-1]"], "task.layers=[-1] must be layer indices in 0..29"),
+    (["task=probe", "task.layers=[a]"], "task.layers=['a'] must be 'all', 'band' or a list of layer indices"),
+    (["task=probe", "task.layers=[1.5]"], "task.layers=[1.5] must be 'all', 'band' or a list"),
+    (["task=probe", "task.layers=true"], "task.layers=True must be 'all', 'band' or a list"),
+    (["model=gemma3_270m", "method.tracer_layer=18"], "method.tracer_layer=18 is out of range: this model has 18 "
+     "decoder layers, allowed 0..17"),
+    (["method=memdefrag_top2", "method.tracer_layer=-5"], "method.tracer_layer=-5 is out of range"),
+    (["max_new_tokens=100000"], "max_new_tokens=100000 must be smaller than the model's 8192 positions"),
+    (["prompt=plain", "max_new_tokens=8192"], "max_new_tokens=8192 must be smaller than the model's 8192 positions"),
+    (["task.groups=2", "shard=3/4"], "shard=3/4 selects none of the 2 groups: split them into at most 2 shards"),
+    (["shard=0/0"], "shard='0/0' must be 'i/n' with 0 <= i < n"),
+    (["shard=1/1"], "shard='1/1' must be 'i/n'"),
+    (["shard=-1/2"], "shard='-1/2' must be 'i/n'"),
+    # more values out of range
+    (["method.k=1.5"], "method.k=1.5 is not allowed: use an integer >= 1 or 'all'"),
+    (["method.k=true"], "method.k=True is not allowed"),
+    (["formation=reference", "method.k=-2"], "method.k=-2 is not allowed"),
+    (["method=memdefrag", "method.query_mode=both"], "method.query_mode: Invalid value 'both'"),
+    (["task.updates=-3"], "task.groups=20 and task.updates=-3 must both be >= 1"),
+    (["task.groups=-1"], "task.groups=-1 and task.updates=20 must both be >= 1"),
+    (["task.eval_steps=[1,99]"], "task.eval_steps=[1, 99] must lie in 1..task.updates=20"),
+    (["task.max_context_tokens=0"], "offers 0 targets within 0 tokens"),
+    (["task=probe", "task.fragments=0"], "task.fragments=0 must be >= 2"),
+    (["task=probe", "task.positions=[21]"], "task.positions=[21] must lie in 1..task.fragments=20"),
+    (["task=probe", "task.groups=0"], "task.groups=0 and task.updates=20 must both be >= 1"),
+    (["task=distortion", "task.groups=0"], "task.groups=0 and task.updates=20 must both be >= 1"),
+    (["task=distortion", "task.updates=0"], "task.groups=20 and task.updates=0 must both be >= 1"),
+    (["task=distortion", "task.eval_steps=[0]"], "task.eval_steps: Key 'eval_steps' not in 'DistortionSchema'"),
+    (["task=longbench", "task.max_tokens=0"], "task.max_tokens=0 must be >= 1"),
+    (["task=longbench", "task.overflow=truncate", "task.max_tokens=-1"], "task.max_tokens=-1 must be >= 1"),
+    (["task=longbench", "task.chunk_tokens=-1"], "task.chunk_tokens=-1 must be >= 1"),
+    (["task=longbench", "task.groups=-2"], "task.groups=-2 must be >= 1"),
+    (["task=longbench", "task.subsets=[]"], "task.subsets=[] must name some of ['fictional_passages'"),
+    (["task=longbench", "task.max_new_tokens=0"], "task.max_new_tokens=0 must be >= 1"),
+    (["forgetting=random", "forgetting.capacity=-5"], "forgetting.capacity=-5 must be a positive integer"),
+    (["forgetting=informativeness", "model.memory_capacity=-1"], "forgetting.capacity=-1 must be a positive integer"),
+    (["threads=1.5"], "threads: Value '1.5'"),
+    (["seed=1.5"], "seed: Value '1.5'"),
+    (["model.dtype=fp16"], "model.dtype: Invalid value 'fp16', expected one of [float32, bfloat16, float16]"),
+    (["model.prompt=other"], "model.prompt: Invalid value 'other', expected one of [chat, plain]"),
+    (["logger=wandb", "logger.mode=disabledx"], "logger.mode: Invalid value 'disabledx'"),
+    (["experiment=main", "method.k=0"], "method.k: Key 'k' not in 'MethodSchema'"),
+    (["model=gemma3_270m", "task.layers=[1]"], "task.layers: Key 'layers' not in 'RetentionSchema'"),
+    (["backend=hidden_prefix", "method=memoryllm_defrag"], "method memoryllm needs a checkpoint of model_type "
+     "'memoryllm', got 'llama'"),
+    (["task.dataset=squad", "task.data_dir=/etc/hostname"], "task.data_dir='/etc/hostname' has no folder squad/"),
     # a sweep: every job is checked before the first one starts
     (["-m", "method=vanilla,memdefrag", "model.tracer_layer=40"], "method.tracer_layer=40 is out of range: this "
      "model has 30 decoder layers, allowed 0..29 (job method=memdefrag model.tracer_layer=40"),
     (["-m", "method.k=1,0"], "method.k=0 is not allowed"),
     (["-m", "method=vanilla,nosuch"], "Could not find 'method/nosuch'"),
     (["experiment=main", "task.groups=ten"], "task.groups: Value 'ten'"),
+    (["-m", "shard=0/2,1/2", "task.groups=1"], "shard=1/2 selects none of the 1 groups: split them into at most 1 "
+     "shards (job shard=1/2"),
+    (["-m", "method.k=1,x"], "method.k='x' is not allowed: use an integer >= 1 or 'all' (job method.k=x"),
+    (["-m", "task.groups=1,0"], "task.groups=0 and task.updates=20 must both be >= 1 (job task.groups=0"),
+    (["-m", "backend=fast,slow"], "backend: Invalid value 'slow'"),
+    (["-m", "model.device=cpu,meta"], "model.device='meta' is not a device this harness runs on: use auto, cpu, "
+     "cuda or cuda:<index> (job model.device=meta"),
 ]
 
 
@@ -164,8 +250,111 @@ def test_a_longbench_item_without_answers_is_refused_before_weights_load(tmp_pat
     assert f"{folder / 'hotpotqa'}: item 0 has no 'answers'" in line and no_work == []
 
 
-def test_there_are_at_least_sixty_cases():
-    assert len(CASES) >= 60
+NQA_ITEM = {"context": "The Orin river floods every spring.", "question": "When does the Orin flood?",
+            "answer": "every spring"}
+DATA_CASES = {   # a data file with one fault -> what the one line says
+    "empty answer": ([{**NQA_ITEM, "answer": ""}], ["a distractor"], "item 0 has an empty 'answer'"),
+    "blank question": ([{**NQA_ITEM, "question": "  "}], ["a distractor"], "item 0 has an empty 'question'"),
+    "empty context": ([{**NQA_ITEM, "context": ""}], ["a distractor"], "item 0 has an empty 'context'"),
+    "empty distractor": ([NQA_ITEM], ["a distractor", "\n"], "entry 1 is empty: every distractor context needs"),
+    "answer not a string": ([{**NQA_ITEM, "answer": 3}], ["a distractor"], "item 0 is not an object with string"),
+    "distractor not a string": ([NQA_ITEM], [{"text": "x"}], "every entry must be a string"),
+    "no items": ([], ["a distractor"], "must hold a non-empty JSON list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DATA_CASES))
+def test_a_data_file_with_a_bad_value_is_refused_naming_the_file_and_item(case, tmp_path, monkeypatch, capsys,
+                                                                          no_work):
+    targets, unrelated, message = DATA_CASES[case]
+    folder = tmp_path / "data" / "nqa"
+    folder.mkdir(parents=True)
+    (folder / "val_data.json").write_text(json.dumps(targets))
+    (folder / "unrelated_contexts_from_train.json").write_text(json.dumps(unrelated))
+    line = refused(["task.dataset=nqa", f"task.data_dir={tmp_path / 'data'}", "logger=none",
+                    f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch, capsys)
+    assert str(folder) in line and message in line and no_work == []
+
+
+ENV_CASES = {   # environment variable -> (its value: a path under tmp or as given, file content, message)
+    "MEMDEFRAG_TRACERS missing": ("MEMDEFRAG_TRACERS", "{tmp}/tracer.yaml", None,
+                                  "MEMDEFRAG_TRACERS='{tmp}/tracer.yaml': no such file"),
+    "MEMDEFRAG_TRACERS malformed": ("MEMDEFRAG_TRACERS", "{tmp}/tracers.yaml", "smollm2: [tracer_layer: 3",
+                                    "MEMDEFRAG_TRACERS='{tmp}/tracers.yaml': not readable YAML"),
+    "MEMDEFRAG_TRACERS not a table": ("MEMDEFRAG_TRACERS", "{tmp}/tracers.yaml", "- 18\n- mean\n",
+                                      "MEMDEFRAG_TRACERS='{tmp}/tracers.yaml': must map model names"),
+    "MEMDEFRAG_CACHE a file": ("MEMDEFRAG_CACHE", "{tmp}/cache", "not a folder",
+                               "MEMDEFRAG_CACHE='{tmp}/cache' cannot be used as the cache"),
+    "MEMDEFRAG_DATA missing": ("MEMDEFRAG_DATA", "{tmp}/nowhere", None, "task.data_dir='{tmp}/nowhere' has no folder "
+                                                                          "nqa/"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ENV_CASES))
+def test_a_bad_environment_variable_is_named_in_one_line(case, tmp_path, monkeypatch, capsys, no_work):
+    name, value, content, message = (part.replace("{tmp}", str(tmp_path)) if isinstance(part, str) else part
+                                     for part in ENV_CASES[case])
+    if content is not None:
+        Path(value).write_text(content)
+    monkeypatch.setenv(name, value)
+    line = refused(["task.dataset=nqa", "logger=none", f"hydra.run.dir={tmp_path / 'run'}"]
+                   if name == "MEMDEFRAG_DATA" else ["logger=none", f"hydra.run.dir={tmp_path / 'run'}"],
+                   monkeypatch, capsys)
+    assert message in line and no_work == []
+
+
+COMMAND_CASES = {   # the other commands: argv -> what the one line says ({tmp}: a fresh folder)
+    "report of a folder without runs": (["memdefrag", "report", "{tmp}"], "holds no run"),
+    "report of no folder": (["memdefrag", "report", "{tmp}/nowhere"], "no such folder"),
+    "report of two folders": (["memdefrag", "report", "{tmp}", "{tmp}"], "unrecognized arguments"),
+    "merge of a folder without shards": (["memdefrag", "merge", "{tmp}"], "holds no sharded runs"),
+    "merge of no folder": (["memdefrag", "merge", "{tmp}/nowhere"], "no such folder"),
+    "merge without a folder": (["memdefrag", "merge"], "the following arguments are required: folders"),
+    "tracer-sweep of a layer by name": (["memdefrag", "tracer-sweep", "task.layers=[a]"],
+                                        "task.layers=['a'] must be 'all', 'band' or a list"),
+    "tracer-sweep past the last layer": (["memdefrag", "tracer-sweep", "task.layers=[99]"],
+                                         "task.layers=[99] must be layer indices in 0..29"),
+    "tracer-sweep of no layer": (["memdefrag", "tracer-sweep", "task.layers=[]"], "task.layers=[] must be layer"),
+    "tracer-sweep of a negative layer": (["memdefrag", "tracer-sweep", "task.layers=[-1]"],
+                                         "task.layers=[-1] must be layer indices"),
+    "bench of more groups than the data holds": (["memdefrag-bench", "--data-dir", "{tmp}/nowhere", "--sizes", "5"],
+                                                 "has no folder nqa/"),
+    "bench of a huge memory": (["memdefrag-bench", "--dataset", "synthetic", "--sizes", "100000"],
+                               "task.updates=100000 need"),
+    "bench into a missing folder": (["memdefrag-bench", "--out", "{tmp}/no/dir/x.md"], "--out {tmp}/no/dir/x.md: "
+                                                                                       "cannot be written"),
+    "bench into a folder": (["memdefrag-bench", "--out", "{tmp}"], "--out {tmp}: is a folder"),
+    "bench on no threads": (["memdefrag-bench", "--threads", "0"], "--threads 0: must be >= 1"),
+    "bench on the meta device": (["memdefrag-bench", "--device", "meta"], "--device='meta' is not a device this "
+                                                                          "harness runs on"),
+    "bench of an unknown shape": (["memdefrag-bench", "--shape", "nosuch"], "argument --shape: invalid choice"),
+    "bench of sizes by name": (["memdefrag-bench", "--sizes", "x"], "argument --sizes: invalid int value: 'x'"),
+    "bench of an unknown method": (["memdefrag-bench", "--methods", "nosuch"], "argument --methods: invalid choice"),
+    "bench of a random model without a shape": (["memdefrag-bench", "--save-random", "{tmp}/x"],
+                                                "--save-random needs --shape"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMMAND_CASES))
+def test_the_other_commands_refuse_bad_input_in_one_line_before_any_work(case, tmp_path, monkeypatch, capsys,
+                                                                         no_work):
+    from harness import benchmark
+
+    argv, message = ([a.replace("{tmp}", str(tmp_path)) for a in COMMAND_CASES[case][0]],
+                     COMMAND_CASES[case][1].replace("{tmp}", str(tmp_path)))
+    before = sorted(tmp_path.iterdir())
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(benchmark, "build", lambda *a: pytest.fail("the benchmark loaded a model"))
+    with pytest.raises(SystemExit) as exit_:
+        (benchmark.main if argv[0] == "memdefrag-bench" else cli.main)()
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+    assert no_work == [] and sorted(tmp_path.iterdir()) == before              # nothing written
+
+
+def test_there_are_at_least_150_cases():
+    assert len(CASES) + len(DATA_CASES) + len(ENV_CASES) + len(COMMAND_CASES) >= 150
 
 
 def test_resuming_into_a_folder_of_another_run_is_refused_before_weights_load(tmp_path, monkeypatch, capsys):
