@@ -17,10 +17,11 @@ joined they give it back (a blank text before the first passage is dropped).
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -31,6 +32,8 @@ from evals.metrics import METRICS, AnswerMetrics, BertScore
 from evals.retention import rank_of
 from harness.errors import ConfigError
 from methods.session import format_prompt
+
+log = logging.getLogger(__name__)
 
 # the paper's six sets and how each is chunked by default
 PAPER_SUBSETS = {"2wikimqa": "passages", "hotpotqa": "passages", "musique": "passages",
@@ -56,6 +59,8 @@ class Item:
     answers: tuple[str, ...]
     chunks: tuple[str, ...]
     context_tokens: int           # before any truncation
+    truncated: bool = False       # cut to task.max_tokens (task.overflow=truncate)
+    subset_skipped: int = 0       # items of its subset left out for their length (task.overflow=skip)
 
     def texts(self) -> list[str]:
         return list(self.chunks)
@@ -278,27 +283,39 @@ class LongBench:
         return tail.format(input=item.question), "raw" if self.prompt == "longbench" else "chat"
 
     def groups(self, tokenizer) -> list[Item]:
-        items = []
+        """Each subset's first `groups` items that fit (or are cut to) task.max_tokens; how many were left out
+        or cut is logged, kept in `overflow` (run.json) and carried by the items (the table)."""
+        items, self.overflow_counts = [], {}
         for subset in self.subsets:
             chunking = self.chunking or SUBSETS[self.dataset][subset]
-            kept = 0
+            kept, skipped, truncated = [], 0, 0
             for n, record in enumerate(self.records(subset)):
-                if self.n_groups is not None and kept == self.n_groups:
+                if self.n_groups is not None and len(kept) == self.n_groups:
                     break
                 context = record["context"]
                 tokens = len(tokenizer(context, add_special_tokens=False)["input_ids"])
                 if tokens > self.max_tokens:
                     if self.overflow == "skip":
+                        skipped += 1
                         continue
-                    context = truncate_middle(context, tokenizer, self.max_tokens)
+                    context, truncated = truncate_middle(context, tokenizer, self.max_tokens), truncated + 1
                 chunks = tuple(chunk(context, tokenizer, chunking, self.chunk_tokens))
-                items.append(Item(len(items), subset, str(record.get("_id", n)), record["input"],
-                                  tuple(record["answers"]), chunks, tokens))
-                kept += 1
+                kept.append(Item(len(items) + len(kept), subset, str(record.get("_id", n)), record["input"],
+                                 tuple(record["answers"]), chunks, tokens, tokens > self.max_tokens))
             if not kept:
                 raise ConfigError(f"task.subsets: no item of {subset!r} fits task.max_tokens={self.max_tokens} "
                                   "(raise it, or set task.overflow=truncate)")
+            items += [replace(item, subset_skipped=skipped) for item in kept]
+            self.overflow_counts[subset] = {"items": len(kept), "skipped": skipped, "truncated": truncated}
+            if skipped or truncated:
+                log.warning("longbench %s: %d items longer than task.max_tokens=%d %s", subset, skipped or truncated,
+                            self.max_tokens, "skipped" if skipped else "cut in the middle")
         return items
+
+    def describe(self) -> dict:
+        """For run.json: per subset, the items kept and how many were skipped or cut for their length."""
+        return {"max_tokens": self.max_tokens, "overflow": self.overflow,
+                "subsets": getattr(self, "overflow_counts", {})}
 
     @cached_property
     def scorer(self) -> AnswerMetrics:
@@ -321,7 +338,8 @@ class LongBench:
             "answers": list(item.answers), "output": answer.text, **self.scorer(answer.text, list(item.answers)),
             "chunks": len(item.chunks), "chunk_tokens": [session.memory.length_of(fid) for fid in ids
                                                          if fid in session.memory.ids()],
-            "context_tokens": item.context_tokens, "memory_tokens": session.memory.n_tokens,
+            "context_tokens": item.context_tokens, "truncated": item.truncated,
+            "subset_skipped": item.subset_skipped, "memory_tokens": session.memory.n_tokens,
             "used_tokens": answer.memory_tokens,
             "answer_chunks": [ids.index(fid) for fid in holding],
             "target_rank": min(target_ranks) if target_ranks else None,
@@ -334,10 +352,16 @@ class LongBench:
 
 
 def scores_by_subset(records: list[dict], by: tuple[str, ...] = ("subset",)) -> pd.DataFrame:
-    """Mean of every metric (x100) per subset (and `by`), the answer chunk's mean rank, memory size, items."""
-    return pd.DataFrame(records).groupby(list(by), sort=False).agg(
+    """Mean of every metric (x100) per subset (and `by`), the answer chunk's mean rank, memory size, items,
+    and how many items were cut (truncated) or left out (skipped) for their length."""
+    frame = pd.DataFrame(records)
+    for column in ("truncated", "subset_skipped"):            # runs from before these were recorded
+        if column not in frame:
+            frame[column] = 0
+    return frame.groupby(list(by), sort=False).agg(
         **{m: (m, "mean") for m in METRICS}, target_rank=("target_rank", "mean"),
-        chunks=("chunks", "mean"), memory_tokens=("memory_tokens", "mean"), items=("f1", "size")).reset_index()
+        chunks=("chunks", "mean"), memory_tokens=("memory_tokens", "mean"), items=("f1", "size"),
+        truncated=("truncated", "sum"), skipped=("subset_skipped", "max")).reset_index()
 
 
 def longbench_table(records: list[dict]) -> pd.DataFrame:

@@ -56,6 +56,9 @@ class Probe:
     def check(self) -> None:
         self.source.check()
 
+    def describe(self) -> dict:
+        return self.source.describe()
+
     def check_model(self, model_config, tokenizer) -> None:
         """The probed layers exist in this model."""
         self.layers_of(num_layers(model_config))

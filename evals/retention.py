@@ -60,6 +60,10 @@ class Retention:
     def check_model(self, model_config, tokenizer) -> None:
         """Nothing of this task depends on the model."""
 
+    def describe(self) -> dict:
+        """For run.json: nothing beyond the config (every item asked fits task.max_context_tokens)."""
+        return {}
+
     def groups(self, tokenizer) -> list[Group]:
         """The groups of this run; raises ConfigError when the data cannot supply them."""
         data = datasets.load(self.dataset, self.data_dir, self.seed)

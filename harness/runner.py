@@ -144,6 +144,7 @@ def _run_groups(cfg, folder: ResultFolder, spec, method, task, forgetting, compr
     info = {"method": label, "forgetting": cfg.forgetting.label, "capacity": forgetting.capacity,
             "model": spec.name, "dtype": spec.dtype, "device": str(model.device), "self_check": verdict,
             "backend": cfg.backend, "compression": compression_summary(compressor, compressed),
+            "task": task.describe(),
             "formation": cfg.formation, "prompt": cfg.prompt, "groups": len(groups), "threads": torch.get_num_threads(),
             "seconds": {"total": sum(group_seconds), "per_group": sum(group_seconds) / len(groups),
                         "phases": phase_totals(records)},

@@ -10,7 +10,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from evals import synthetic_long
-from evals.longbench import LongBench, split_fixed, split_passages, split_sentences, truncate_middle
+from evals.longbench import (LongBench, scores_by_subset, split_fixed, split_passages, split_sentences,
+                             truncate_middle)
+from evals.metrics import METRICS
 from harness.errors import ConfigError
 from harness.results import read_jsonl
 from harness.runner import run
@@ -84,6 +86,21 @@ def test_too_long_contexts_are_skipped_or_cut_in_the_middle(data_dir, chars):
     first = cut.groups(chars)[0]
     assert first.context_tokens == 226 and sum(len(c) for c in first.chunks) == 150
     assert LongBench("longbench", str(data_dir), subsets=["hotpotqa"], groups=1).groups(chars)[0].id == "hp-1"
+
+
+def test_skipped_and_cut_items_are_counted_per_subset_in_the_log_run_json_and_the_table(data_dir, chars, caplog):
+    for overflow, counts in (("skip", {"items": 1, "skipped": 1, "truncated": 0}),
+                             ("truncate", {"items": 2, "skipped": 0, "truncated": 1})):
+        task = LongBench("longbench", str(data_dir), subsets=["hotpotqa"], max_tokens=150, overflow=overflow)
+        with caplog.at_level("WARNING"):
+            items = task.groups(chars)
+        assert task.describe()["subsets"] == {"hotpotqa": counts}
+        assert "longbench hotpotqa: 1 items longer than task.max_tokens=150" in caplog.text
+        records = [{"subset": i.subset, "truncated": i.truncated, "subset_skipped": i.subset_skipped,
+                    "target_rank": 1, "chunks": 1, "memory_tokens": 1, **dict.fromkeys(METRICS, 0.0)} for i in items]
+        row = scores_by_subset(records).iloc[0]
+        assert (row["items"], row["skipped"], row["truncated"]) == (counts["items"], counts["skipped"],
+                                                                    counts["truncated"])
 
 
 def test_prompts(data_dir, chars):
