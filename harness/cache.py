@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 
 from harness.errors import ConfigError
+from harness.results import atomic_write
 
 MANIFEST = "memdefrag-manifest.json"
 
@@ -52,12 +53,7 @@ def sha256(path: Path) -> str:
 
 def write_json(path: Path, data) -> None:
     """A JSON file written whole or not at all."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        partial.write_text(json.dumps(data, indent=1))
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    atomic_write(path, json.dumps(data, indent=1))
 
 
 def read_json(path: Path) -> dict:

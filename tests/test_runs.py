@@ -37,6 +37,17 @@ def test_merged_shards_equal_the_unsharded_run(tmp_path, tiny_checkpoint):
     assert json.loads((merged / "run.json").read_text())["groups"] == 4
 
 
+def test_shards_run_with_other_threads_merge_and_a_shard_twice_is_named(tmp_path, tiny_checkpoint):
+    for i in range(2):
+        run(tiny_run_config(tiny_checkpoint, *RUN, f"shard={i}/2", f"threads={i + 1}"), str(tmp_path / f"{i}_run"))
+    [merged] = merge_sweep(tmp_path)
+    assert json.loads((merged / "run.json").read_text())["groups"] == 4
+    shutil.rmtree(tmp_path / "merged")
+    shutil.copytree(tmp_path / "1_run", tmp_path / "2_run")
+    with pytest.raises(ConfigError, match=r"shards \['1/2'\] of .* are there twice .*: keep one of each"):
+        merge_sweep(tmp_path)
+
+
 def test_incomplete_shards_are_named(tmp_path, tiny_checkpoint):
     run(tiny_run_config(tiny_checkpoint, *RUN, "shard=1/3"), str(tmp_path / "1_run"))
     with pytest.raises(ConfigError, match=r"incomplete: found \['1/3'\]"):
