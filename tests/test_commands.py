@@ -14,7 +14,7 @@ import pytest
     (["-m", "harness.benchmark", "--sizes", "0", "5"], "memdefrag-bench: error: --sizes 0: must be >= 1"),
     (["-m", "harness.benchmark", "--new-tokens", "0", "--k", "-1"], "memdefrag-bench: error: --new-tokens 0, --k -1: "
                                                                   "must be >= 1"),
-    (["-m", "harness.benchmark", "--device", "gpu"], "memdefrag-bench: error: model.device='gpu' is not a device"),
+    (["-m", "harness.benchmark", "--device", "gpu"], "memdefrag-bench: error: --device='gpu' is not a device"),
 ])
 def test_a_wrong_folder_or_value_is_refused_with_one_line(tmp_path, argv, message):
     done = subprocess.run([sys.executable, *(a.format(tmp=tmp_path) for a in argv)], capture_output=True,
