@@ -10,7 +10,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import conf  # noqa: F401 - registers the typed schemas the configs extend
-from harness import report, shards, tracers
+from harness import compare, report, shards, tracers
 from harness.errors import OneLineParser, stops_on_config_error
 from harness.jobs import check_jobs
 from harness.runner import run
@@ -55,6 +55,8 @@ def main() -> None:
     command = sys.argv[1] if len(sys.argv) > 1 else None
     if command == "merge":
         merge(sys.argv[2:])
+    elif command == "compare":
+        compare.main(sys.argv[2:])
     elif command == "report":
         with stops_on_config_error("memdefrag report"):
             report.main(sys.argv[2:])

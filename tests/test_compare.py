@@ -1,0 +1,119 @@
+"""`memdefrag compare`: runs paired by config, each kind of difference found and reported, exit 0/1/2."""
+
+import json
+import shutil
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from harness import cli
+from harness.compare import Tolerance, compare
+
+RECORDS = [{"group": g, "step": s, "output": f"answer {g} {s}", "correct": s == 1, "target_rank": 1 + g,
+            "seconds": {"trace": 0.1, "generate": 1.0}} for g in (0, 1) for s in (1, 2)]
+
+
+def a_run(folder, method="vanilla", records=RECORDS, threads=1, accuracy=(0.5, 0.5)):
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(OmegaConf.to_yaml({"method": {"label": method}, "threads": threads,
+                                                           "task": {"groups": 2, "data_dir": str(folder)}}))
+    (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (folder / "metrics.csv").write_text("method,step,accuracy\n" + "".join(
+        f"{method},{step},{value}\n" for step, value in zip((1, 2), accuracy)))
+    return folder
+
+
+def edited(field, value, where=0):
+    records = [dict(r, seconds=dict(r["seconds"])) for r in RECORDS]
+    records[where][field] = value
+    return records
+
+
+def compared(tmp_path, b_records=RECORDS, **b):
+    a_run(tmp_path / "a" / "vanilla")
+    a_run(tmp_path / "b" / "vanilla", records=b_records, **b)
+    [report], unpaired = compare(tmp_path / "a", tmp_path / "b", ignore=("task.data_dir",))
+    assert unpaired == []
+    return report
+
+
+def test_equal_runs_are_equal_even_with_other_threads_and_paths(tmp_path):
+    report = compared(tmp_path, threads=2)
+    assert report.equal and report.time_ratio["total"] == pytest.approx(1.0)
+
+
+def test_a_changed_output_is_reported_with_both_texts(tmp_path):
+    report = compared(tmp_path, edited("output", "another answer"))
+    assert not report.equal
+    assert report.changed == [{"question": {"group": 0, "step": 1}, "field": "output", "a": "answer 0 1",
+                               "b": "another answer"}]
+
+
+def test_a_correctness_flip_is_its_own_kind(tmp_path):
+    report = compared(tmp_path, edited("correct", False))
+    assert report.flips == [{"question": {"group": 0, "step": 1}, "field": "correct", "a": True, "b": False}]
+
+
+def test_a_density_rank_change_beyond_the_tolerance(tmp_path):
+    assert compared(tmp_path, edited("target_rank", 1 + 1e-9)).equal                  # float noise
+    report = compared(tmp_path / "x", edited("target_rank", 3))
+    assert [(c["field"], c["a"], c["b"]) for c in report.changed] == [("target_rank", 1, 3)]
+
+
+def test_a_question_answered_on_one_side_only(tmp_path):
+    report = compared(tmp_path, RECORDS[:-1])
+    assert report.missing == [{"question": {"group": 1, "step": 2}, "in": "A"}]
+
+
+def test_a_metric_delta_per_step(tmp_path):
+    report = compared(tmp_path, accuracy=(0.5, 0.75))
+    assert report.metrics == [{"row": {"method": "vanilla", "step": 2}, "metric": "accuracy", "a": 0.5, "b": 0.75,
+                               "delta": 0.25}]
+
+
+def test_time_ratios_fail_only_past_the_allowed_slowdown(tmp_path):
+    slower = [dict(r, seconds={"trace": 0.3, "generate": 1.0}) for r in RECORDS]
+    a_run(tmp_path / "a" / "vanilla")
+    a_run(tmp_path / "b" / "vanilla", records=slower)
+    [report], _ = compare(tmp_path / "a", tmp_path / "b", ("task.data_dir",))
+    assert report.equal and report.time_ratio["trace"] == pytest.approx(3.0)
+    [report], _ = compare(tmp_path / "a", tmp_path / "b", ("task.data_dir",), Tolerance(max_slowdown=1.1))
+    assert not report.equal and report.slow
+
+
+def test_runs_pair_by_config_and_a_run_without_a_pair_is_named(tmp_path):
+    a_run(tmp_path / "a" / "0_vanilla")
+    a_run(tmp_path / "a" / "1_top2", method="memdefrag_top2")
+    a_run(tmp_path / "b" / "x", method="memdefrag_top2")                    # another folder name, same config
+    reports, unpaired = compare(tmp_path / "a", tmp_path / "b", ("task.data_dir",))
+    assert [r.name for r in reports] == ["1_top2"] and reports[0].equal
+    assert unpaired == [("0_vanilla", str(tmp_path / "a" / "0_vanilla"), None)]
+
+
+def run_cli(argv, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["memdefrag", "compare", *map(str, argv)])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    return exit_.value.code, capsys.readouterr()
+
+
+def test_the_command_exits_0_equal_1_different_2_bad_input_and_writes_both_reports(tmp_path, monkeypatch, capsys):
+    a_run(tmp_path / "a" / "vanilla")
+    shutil.copytree(tmp_path / "a", tmp_path / "same")
+    a_run(tmp_path / "b" / "vanilla", records=edited("output", "another answer"))
+    code, out = run_cli([tmp_path / "a", tmp_path / "same", "--ignore", "task.data_dir"], monkeypatch, capsys)
+    assert code == 0 and out.out.startswith("# memdefrag compare: 1 of 1 paired runs equal")
+    code, out = run_cli([tmp_path / "a", tmp_path / "b", "--ignore", "task.data_dir", "--json", tmp_path / "r.json",
+                         "--markdown", tmp_path / "r.md"], monkeypatch, capsys)
+    assert code == 1 and out.out == ""
+    assert "1 outputs changed" in (tmp_path / "r.md").read_text()
+    machine = json.loads((tmp_path / "r.json").read_text())
+    assert machine["equal"] is False and machine["pairs"][0]["changed"][0]["b"] == "another answer"
+    for bad, message in (([tmp_path / "nowhere", tmp_path / "b"], "no such folder"),
+                         ([tmp_path / "a", tmp_path / "b", "--tol", "-1"], "--tol -1.0 must be >= 0"),
+                         ([tmp_path / "a", tmp_path / "b", "--json", tmp_path / "no" / "r.json"], "does not exist"),
+                         ([tmp_path / "a"], "the following arguments are required: b")):
+        code, out = run_cli(bad, monkeypatch, capsys)
+        lines = out.err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and message in lines[0], lines
