@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run test
+.PHONY: setup run test regression-cache
 setup: $(VENV)/.installed
 
 # torch is pinned first: 2.13.0 is the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
@@ -21,3 +21,9 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest -ra
+
+# Rewrites tests/testdata/regression/ from the current code (every tiny experiment, the main job on SmolLM2):
+# run it only when answers are meant to move, and review the diff of its files.
+regression-cache: setup
+	MEMDEFRAG_REGENERATE=1 $(BIN)/python -m pytest -q tests/test_experiments.py \
+	  tests/test_smollm2.py::test_the_main_job_on_the_embedded_model_answers_as_its_cached_run

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import shutil
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")    # before transformers reads it: no hub timeouts in tests
@@ -206,3 +208,34 @@ def sweep_points(experiment: str, keep_first: tuple[str, ...] = ()) -> list[list
               for key, values in sweep.hydra.sweeper.params.items()}
     assert params, f"experiment {experiment} sweeps nothing"
     return [[f"{k}={v}" for k, v in zip(params, values)] for values in itertools.product(*params.values())]
+
+
+REGRESSION = Path(__file__).resolve().parent / "testdata" / "regression"
+REGENERATE = os.environ.get("MEMDEFRAG_REGENERATE") == "1"
+# what differs between machines and checkouts without changing an answer: the checkpoint's and data's paths
+NOT_ANSWERS = ("model.source", "task.data_dir")
+
+
+def matches_cached(run_dir: Path, name: str) -> None:
+    """The run in `run_dir` answers exactly as its cached copy tests/testdata/regression/<name> (through the
+    code of `memdefrag compare`: text equal, numbers within 1e-6, timings never compared); with
+    MEMDEFRAG_REGENERATE=1 the run becomes the cached copy (`make regression-cache`; review its diff)."""
+    from harness.compare import Tolerance, compare_runs, config_key, markdown
+    from harness.results import read_jsonl
+
+    cached = REGRESSION / name
+    if REGENERATE:
+        if cached.exists():
+            shutil.rmtree(cached)
+        cached.mkdir(parents=True)
+        shutil.copy(run_dir / "config.yaml", cached / "config.yaml")
+        shutil.copy(run_dir / "metrics.csv", cached / "metrics.csv")
+        (cached / "predictions.jsonl").write_text("".join(
+            json.dumps({k: v for k, v in r.items() if k != "seconds"}) + "\n"
+            for r in read_jsonl(run_dir / "predictions.jsonl")))
+        return
+    assert cached.is_dir(), f"no cached run {cached}: make regression-cache"
+    assert config_key(run_dir, NOT_ANSWERS) == config_key(cached, NOT_ANSWERS), \
+        f"{name}: the run's config is not the cached one's (make regression-cache if that is meant)"
+    report = compare_runs(name, cached, Path(run_dir), Tolerance())
+    assert report.equal, "answers moved against the cached run (A: cached, B: this run):\n" + markdown([report], [])

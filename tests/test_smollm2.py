@@ -76,3 +76,19 @@ def test_the_readme_library_example_runs_as_written(tmp_path, monkeypatch, capsy
     assert (tmp_path / "memory.pt").is_file() and "Quenby" in text
     density = eval(densities)
     assert len(density) == 3 and max(density, key=density.get) == 1          # the capital's fragment, densest
+
+
+def test_the_main_job_on_the_embedded_model_answers_as_its_cached_run(tmp_path):
+    """The main job's five methods on 2 groups of 5 updates (16 tokens an answer), answer for answer as cached."""
+    from hydra import compose, initialize_config_module
+
+    from harness.runner import run
+    from tests.conftest import matches_cached, sweep_points
+
+    for i, point in enumerate(sweep_points("main")):
+        with initialize_config_module("conf", version_base="1.3"):
+            cfg = compose("config", overrides=["experiment=main", *point, "task.groups=2", "task.updates=5",
+                                               "task.eval_steps=[1,5]", "max_new_tokens=16", "threads=1",
+                                               "logger=none"])
+        run(cfg, str(tmp_path / str(i)))
+        matches_cached(tmp_path / str(i), f"smollm2_main/{i}")
