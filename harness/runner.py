@@ -110,9 +110,10 @@ def phase_totals(records: list[dict]) -> dict[str, float]:
     return totals
 
 
-def _run_groups(cfg, folder: ResultFolder, spec, method, task, forgetting, compressor, groups, run_dir: str):
-    """Answer every group the folder does not hold yet; write the metrics and run.json. Returns
-    (metrics, records, info)."""
+def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgetting, compressor, groups,
+                run_dir: str):
+    """Answer every group the folder does not hold yet, each logged as it ends; write the metrics and run.json.
+    Returns (metrics, records, info)."""
     reset_peak_memory()
     model, tokenizer = load(spec)
     backend = BACKENDS[cfg.backend](model)
@@ -138,6 +139,8 @@ def _run_groups(cfg, folder: ResultFolder, spec, method, task, forgetting, compr
         except CapacityError as err:
             raise ConfigError(f"group {group.index}: {err} (finished groups are kept in {run_dir})") from None
         folder.end_group(group.index, time.perf_counter() - start)
+        logger.log_group([r for r in folder.records if r["group"] == group.index],
+                         metrics_table(task, folder.records, label), len(folder.done))
         compressed += [{"group": group.index, **log} for log in session.compressed]
     records, group_seconds = folder.records, list(folder.done.values())
     metrics = metrics_table(task, records, label)
@@ -159,16 +162,17 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     spec, method, task, forgetting, compressor, groups = preflight(cfg)
-    with ResultFolder(run_dir, cfg, resume=cfg.resume) as folder:
-        metrics, records, info = _run_groups(cfg, folder, spec, method, task, forgetting, compressor, groups,
-                                             run_dir)
     label = cfg.method.label
     tags = [f"method:{label}", f"task:{cfg.task._target_.rsplit('.', 1)[-1]}", f"dataset:{cfg.task.dataset}",
             f"model:{spec.name}", f"forgetting:{cfg.forgetting.label}"]
-    logger = instantiate(cfg.logger, _partial_=True)(
-        run_dir=run_dir, run_config=OmegaConf.to_container(cfg, resolve=True),
-        default_group=Path(sweep_dir).name if sweep_dir else None, default_tags=tags)
-    logger.log_run(metrics, records, info)
+    with ResultFolder(run_dir, cfg, resume=cfg.resume) as folder:
+        logger = instantiate(cfg.logger, _partial_=True)(
+            run_dir=run_dir, run_config=OmegaConf.to_container(cfg, resolve=True),
+            default_group=Path(sweep_dir).name if sweep_dir else None, default_tags=tags)
+        logger.start()
+        metrics, records, info = _run_groups(cfg, folder, logger, spec, method, task, forgetting, compressor,
+                                             groups, run_dir)
+    logger.finish(metrics, records, info)
     print(f"\n{label} on {cfg.task.dataset} ({len(groups)} groups, model {spec.name}, backend {cfg.backend}, "
           f"prompt {cfg.prompt}, formation {cfg.formation})")
     print(metrics.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
