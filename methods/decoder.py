@@ -25,7 +25,11 @@ class DecoderError(ValueError):
 def layer_types(config) -> list[str]:
     """Each decoder layer's cache type as transformers assigns it (full/sliding/chunked attention,
     linear_attention, conv, hybrid, dummy for a layer reading another layer's keys and values)."""
-    return get_layer_types_and_kwargs(config.get_text_config(decoder=True))[0]
+    try:
+        return get_layer_types_and_kwargs(config.get_text_config(decoder=True))[0]
+    except (ValueError, AttributeError, TypeError, KeyError) as err:
+        raise DecoderError(f"model type {config.model_type!r}: its config's layer types cannot be read "
+                           f"({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
 
 
 def check(config) -> None:

@@ -131,9 +131,12 @@ class Former:
         device = self.model.device
         cache = DynamicCache()
         watch = watching_rotary(self.model) if self.keep_kv else nullcontext()
+        # the vocabulary head runs only where self-information is read; otherwise the decoder alone runs, every
+        # position through every layer (a model asked for its last logits may skip positions in late layers:
+        # Gemma-4's layers that reuse another layer's keys)
+        run = self.model if self.keep_self_info else self.model.get_decoder()
         with capture_layer_inputs(self.model) as inputs, watch as rotated:
-            out = self.model(input_ids=ids.view(1, -1).to(device), past_key_values=cache, use_cache=True,
-                             logits_to_keep=0 if self.keep_self_info else 1)   # the vocabulary head only if read
+            out = run(input_ids=ids.view(1, -1).to(device), past_key_values=cache, use_cache=True)
         self_info = torch.full((len(ids),), float("inf"))
         if self.keep_self_info:
             nll = next_token_nll(out.logits[0], ids)

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import (AutoModelForCausalLM, DeepseekV2Config, Gemma4TextConfig, GPT2Config, Lfm2Config,
                           Llama4TextConfig, Qwen3NextConfig)
 
@@ -83,3 +84,23 @@ def test_a_family_that_cannot_be_latent_memory_is_refused_in_one_line_before_its
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_every_exact_family_passes_the_checks_before_weights(family):
     KVPrefixBackend.check(FAMILIES[family]())
+
+
+@pytest.mark.parametrize("family", sorted(f for f, (_, refused, _) in REFUSED.items() if refused == ["fast"]))
+def test_what_only_the_fast_backend_refuses_runs_on_the_hidden_prefix_backend(family, tokenizer):
+    """The refusal points to backend=hidden_prefix: it must answer and trace there."""
+    from methods.formation import Former
+    from methods.hidden_prefix import HiddenPrefixBackend
+    from methods.memory import LatentMemory
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(REFUSED[family][0]()).eval()
+    former, memory = Former(model, tokenizer, "shared_sink", keep_kv=False, keep_states=True), LatentMemory()
+    for text in ("the cat sat on the mat", "a quick brown fox jumps"):
+        former.store(memory, text)
+    prompt = torch.tensor(tokenizer("where is the cat?", add_special_tokens=False)["input_ids"])
+    backend = HiddenPrefixBackend(model)
+    logits, _, position = backend.prefill(memory, prompt)
+    rows = backend.attention_rows(memory, prompt, [0, 1])
+    assert torch.isfinite(logits).all() and position == 1 + memory.n_tokens + len(prompt)
+    assert rows[1].shape == (len(prompt), position) and torch.isfinite(rows[1]).all()
