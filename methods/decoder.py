@@ -10,6 +10,8 @@ Which state a layer keeps is read from transformers' own per-layer cache types.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, DynamicSlidingWindowLayer,
                                       get_layer_types_and_kwargs)
@@ -91,3 +93,18 @@ def attentions(model) -> list[torch.nn.Module]:
 def embeddings(model) -> torch.nn.Module:
     """The token embeddings the decoder reads."""
     return model.get_input_embeddings()
+
+
+@contextmanager
+def hooked(modules: list[torch.nn.Module], make_hook, before: bool = True, only: list[int] | None = None):
+    """Hook make_hook(index) on modules[index] (every index, or those in `only`) for the forwards run inside,
+    always removed: before its forward (hook(module, args, kwargs), may return new (args, kwargs)) or after
+    it (hook(module, args, output)). The one way this project hooks a model."""
+    indices = range(len(modules)) if only is None else only
+    handles = [modules[i].register_forward_pre_hook(make_hook(i), with_kwargs=True) if before
+               else modules[i].register_forward_hook(make_hook(i)) for i in indices]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

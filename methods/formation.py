@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from methods.memory import Fragment, LatentMemory
-from methods.decoder import layers
+from methods.decoder import hooked, layers
 from methods.positions import Rotary, watching_rotary
 
 FORMATIONS = ("reference", "shared_sink")
@@ -38,15 +38,13 @@ def capture_layer_inputs(model):
     """Record the hidden-state input of every decoder layer during a forward."""
     captured: list[torch.Tensor] = []
 
-    def hook(module, args, kwargs):
-        captured.append((args[0] if args else kwargs["hidden_states"]).detach())
+    def make_hook(index):
+        def hook(module, args, kwargs):
+            captured.append((args[0] if args else kwargs["hidden_states"]).detach())
+        return hook
 
-    handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in layers(model)]
-    try:
+    with hooked(layers(model), make_hook):
         yield captured
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def next_token_nll(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from methods.memory import LatentMemory
-from methods.decoder import embeddings, layers
+from methods.decoder import embeddings, hooked, layers
 from methods.tracing import eager_attention, returned_weights, until_stopped
 
 
@@ -30,13 +30,8 @@ def edited_layer_inputs(model, edit):
             return ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
         return hook
 
-    handles = [layer.register_forward_pre_hook(make_hook(i), with_kwargs=True)
-               for i, layer in enumerate(layers(model))]
-    try:
+    with hooked(layers(model), make_hook):
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def stored_prefix(model, states: torch.Tensor):

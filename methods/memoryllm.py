@@ -27,7 +27,7 @@ from methods.hidden_prefix import edited_layer_inputs, stored_prefix
 from methods.memdefrag import MemDefrag
 from methods.memory import Fragment
 from methods.memoryllm_model import MemoryLLMConfig, MemoryLLMForCausalLM
-from methods.decoder import embeddings, layers
+from methods.decoder import embeddings, hooked, layers
 from methods.slot_memory import SlotMemory
 
 
@@ -44,16 +44,14 @@ def last_outputs(model, count: int):
     """Record the last `count` output states of every decoder layer."""
     outputs: list[torch.Tensor] = []
 
-    def hook(module, args, output):
-        hidden = output[0] if isinstance(output, tuple) else output
-        outputs.append(hidden[0, -count:].detach())
+    def make_hook(index):
+        def hook(module, args, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            outputs.append(hidden[0, -count:].detach())
+        return hook
 
-    handles = [layer.register_forward_hook(hook) for layer in layers(model)]
-    try:
+    with hooked(layers(model), make_hook, before=False):
         yield outputs
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from methods.decoder import attention, attentions, layers
+from methods.decoder import attention, attentions, hooked, layers
 from methods.memory import Layered
 
 ROTARY_PREFIX = "apply_rotary"
@@ -127,16 +127,14 @@ def watching_rotary(model):
     def entering(index):
         return lambda module, args, kwargs: layer.__setitem__(0, index)
 
-    handles = [a.register_forward_pre_hook(entering(i), with_kwargs=True) for i, a in enumerate(attentions(model))]
     for name, original in originals.items():
         setattr(module, name, watch(name, original))
     try:
-        yield seen
+        with hooked(attentions(model), entering):
+            yield seen
     finally:
         for name, original in originals.items():
             setattr(module, name, original)
-        for h in handles:
-            h.remove()
 
 
 def no_rotary_function(config, module_name: str) -> str:

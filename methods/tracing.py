@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from methods.decoder import attentions
+from methods.decoder import attentions, hooked
 
 QUERY_MODES = ("last", "mean")
 
@@ -111,13 +111,8 @@ def returned_weights(model, layers: list[int], prompt_len: int):
                 raise StopForward
         return hook
 
-    every = attentions(model)
-    handles = [every[layer].register_forward_hook(make_hook(layer)) for layer in layers]
-    try:
+    with hooked(attentions(model), make_hook, before=False, only=layers):
         yield rows
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @contextmanager
