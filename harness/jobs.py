@@ -9,11 +9,11 @@ or any weights load.
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
 from hydra import compose, initialize_config_module
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.types import RunMode
@@ -70,8 +70,21 @@ def job_overrides(config_name: str, args: list[str]) -> list[list[str]]:
     params = base.hydra.sweeper.params
     params = OmegaConf.to_container(params) if params else {}
     lines = [f"{key}={value}" for key, value in params.items() if key not in given] + overrides
-    batches = BasicSweeper.split_arguments(parser.parse_overrides(lines), None)
-    return [job for batch in batches for job in batch]
+    return expanded(parser.parse_overrides(lines))
+
+
+def expanded(parsed) -> list[list[str]]:
+    """Every job of a multirun, as Hydra's basic sweeper forms them: per key (the last override of a key
+    wins, in the place of its first), its value or each of its sweep's values; the cartesian product."""
+    choices: dict[str, list[str]] = {}
+    for override in parsed:
+        key = override.get_key_element()
+        if override.is_sweep_override() and not override.is_discrete_sweep():
+            raise ConfigError(f"{override.input_line}: the basic sweeper takes lists, choice() and range(), not "
+                              f"{override.value_type.name.lower()} sweeps")
+        choices[key] = ([f"{key}={value}" for value in override.sweep_string_iterator()]
+                        if override.is_sweep_override() else [f"{key}={override.get_value_element_as_str()}"])
+    return [list(job) for job in itertools.product(*choices.values())]
 
 
 def check_jobs(config_name: str, args: list[str]) -> None:

@@ -82,3 +82,18 @@ def test_bad_data_is_refused_before_the_model_loads(tmp_path):
     (tmp_path / "nqa" / "val_data.json").write_text("[]")
     with pytest.raises(ConfigError, match="val_data.json.*non-empty JSON list"):
         preflight(composed("task.dataset=nqa", f"task.data_dir={tmp_path}"))
+
+
+@pytest.mark.parametrize("overrides", [["method=vanilla,memdefrag", "method.k=1,2", "task.groups=3", "shard=0/2,1/2"],
+                                       ["+foo=1,2", "a.b=x", "a.b=y"], ["method=choice(a,b)", "k=range(1,4)"],
+                                       ["x='a=b'", "x=1,2", "y=[1,2]"]])
+def test_a_multirun_expands_into_the_jobs_hydras_basic_sweeper_runs(overrides):
+    """harness.jobs forms the jobs itself (no private Hydra import); they are the sweeper's, in its order."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from harness.jobs import expanded
+
+    parser = OverridesParser.create()
+    sweeper = [job for batch in BasicSweeper.split_arguments(parser.parse_overrides(overrides), None) for job in batch]
+    assert expanded(parser.parse_overrides(overrides)) == sweeper
