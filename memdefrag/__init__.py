@@ -1,0 +1,20 @@
+"""The library in one import: `from memdefrag import load, ModelSpec, Session, MemDefrag, ...`.
+
+Loading a model (`ModelSpec`, `load`), the memory store (`LatentMemory`, `Fragment`), the session that
+stores and asks (`Session`), the methods (`MemDefrag`, `Vanilla`, `NoMemory`, `TextMemory`), the backends
+(`KVPrefixBackend`, the fast one; `HiddenPrefixBackend`, the paper's formulation) and forgetting within a
+capacity (`Informativeness`, `RandomForgetting`, `RandomLayerwise`)."""
+
+from harness.models import ModelSpec, load
+from methods.forgetting import Informativeness, RandomForgetting, RandomLayerwise
+from methods.hidden_prefix import HiddenPrefixBackend
+from methods.kv_prefix import KVPrefixBackend
+from methods.memdefrag import MemDefrag
+from methods.memory import Fragment, LatentMemory
+from methods.none import NoMemory
+from methods.session import Session
+from methods.text import TextMemory
+from methods.vanilla import Vanilla
+
+__all__ = ["Fragment", "HiddenPrefixBackend", "Informativeness", "KVPrefixBackend", "LatentMemory", "MemDefrag",
+           "ModelSpec", "NoMemory", "RandomForgetting", "RandomLayerwise", "Session", "TextMemory", "Vanilla", "load"]
