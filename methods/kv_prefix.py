@@ -79,6 +79,8 @@ class Placed:
         self.fragments: list = []                   # sink and fragments placed in the buffers, in order
         self.rotary = Rotary.of(model)
         self.groups = [[i for i in g if i < n_layers] for g in self.rotary.groups]   # layers of each buffer
+        self.rows = sorted((layer, g, row) for g, layers in enumerate(self.groups)       # (layer, its buffer,
+                           for row, layer in enumerate(layers))                           # its row), by layer
         self.keys = self.values = None              # per group: [its layers, kv_heads, capacity, head_dim]
 
     def cache(self, memory: LatentMemory, room: int, held: int = 0) -> Cache:
@@ -105,9 +107,8 @@ class Placed:
                                           tables, start, layers)
             start = end
         self.fragments = frags
-        where = {layer: (g, row) for g, layers in enumerate(self.groups) for row, layer in enumerate(layers)}
         return Cache(layers=[PrefixLayer(self.keys[g][row:row + 1], self.values[g][row:row + 1], total + held)
-                             for g, row in (where[i] for i in range(self.n_layers))])
+                             for _, g, row in self.rows])
 
     def _allocate(self, like: Fragment, size: int, keep: int) -> None:
         """Buffers of `size` positions holding the first `keep` placed ones of the old buffers (keys and values

@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import DynamicCache
@@ -78,12 +78,14 @@ class Rotated:
 
 @dataclass(frozen=True)
 class Rotation:
-    """How one cached tensor of one layer gets its positions."""
+    """How one cached tensor of one layer gets its positions (layers with equal rotations are placed together;
+    `call`, where in the layer's rotary calls the tensor was seen, does not tell them apart)."""
 
     function: str               # which rotary function
     slot: int                   # which of its tensors
     table: int                  # which rotary table (index into Rotary.candidates)
     dims: int                   # how many leading dims of the head it rotates
+    call: int = field(default=0, compare=False)
 
 
 def by_layer(rotated: list[Rotated], n_layers: int) -> list[list[Rotated]]:
@@ -167,7 +169,10 @@ class Rotary:
 
     def __init__(self, model):
         self.model = model
-        self.functions = rotary_functions(modeling_module(model))
+        self.functions = {name: (function, len(rotated_parameters(function)),        # (f, tensors it rotates,
+                                 {"unsqueeze_dim": 1} if "unsqueeze_dim" in inspect.signature(function).parameters
+                                 else {})                                            # heads on axis 1)
+                          for name, function in rotary_functions(modeling_module(model)).items()}
         self.candidates = _candidates(model)
         self.how: list[dict[int, Rotation]] = self._learn()
 
@@ -186,8 +191,7 @@ class Rotary:
     @table_of.setter
     def table_of(self, tables: list[int]) -> None:
         """Give each layer's keys another table (tests: a wrong table must be caught)."""
-        self.how = [{**how, 0: Rotation(how[0].function, how[0].slot, table, how[0].dims)} if 0 in how else how
-                    for how, table in zip(self.how, tables)]
+        self.how = [{**how, 0: replace(how[0], table=table)} if 0 in how else how for how, table in zip(self.how, tables)]
 
     @torch.no_grad()
     def _learn(self) -> list[dict[int, Rotation]]:
@@ -220,7 +224,7 @@ class Rotary:
 
     def _rotation(self, mine: list[Rotated], cached: torch.Tensor, tables) -> Rotation | None:
         """The one rotation in a layer whose result is the leading dims of `cached` [heads, T, d], or None."""
-        for r in mine:
+        for call, r in enumerate(mine):
             result = heads_first(r.result, r.heads_axis) if r.heads_axis in (1, 2) else None
             if result is None or result.shape[:2] != cached.shape[:2] or \
                     not torch.equal(cached[..., : result.shape[-1]], result):
@@ -228,7 +232,7 @@ class Rotary:
             match = [t for t, (cos, sin) in enumerate(tables) if cos.shape == r.cos.shape
                      and torch.equal(cos, r.cos) and torch.equal(sin, r.sin)]
             if match:
-                return Rotation(r.function, r.slot, match[0], result.shape[-1])
+                return Rotation(r.function, r.slot, match[0], result.shape[-1], call)
         return None
 
     def unrotated(self, seen: list[Rotated], cache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -242,9 +246,8 @@ class Rotary:
                 if rotation is None:
                     out[slot].append(cached)
                     continue
-                given = next(heads_first(r.given, r.heads_axis) for r in mine if r.function == rotation.function
-                             and r.slot == rotation.slot and torch.equal(cached[..., : rotation.dims],
-                                                                         heads_first(r.result, r.heads_axis)))
+                rotated = mine[rotation.call]
+                given = heads_first(rotated.given, rotated.heads_axis)
                 rest = cached[:, :, rotation.dims:]
                 out[slot].append(torch.cat([given, rest], dim=-1) if rest.shape[-1] else given.contiguous())
         return out
@@ -256,9 +259,7 @@ class Rotary:
 
     def _rotate(self, rotation: Rotation, tensor: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """tensor [L, heads, T, rot] given positions by the model's own function, heads on axis 1."""
-        apply = self.functions[rotation.function]
-        extra = {"unsqueeze_dim": 1} if "unsqueeze_dim" in inspect.signature(apply).parameters else {}
-        count = len(rotated_parameters(apply))
+        apply, count, extra = self.functions[rotation.function]
         if count == 1:
             return apply(tensor, cos, sin, **extra)
         tensors = [tensor[:1, :1]] * count                          # cheap stand-ins for the query
