@@ -18,12 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import yaml
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from harness.errors import ConfigError, OneLineParser, stops_on_config_error
-from harness.results import ResultFolder, atomic_write, read_jsonl
+from harness.results import ResultFolder, atomic_write, read_config, read_jsonl
 from harness.summary import run_folders
 
 IDENTITY = ("group", "step", "position", "subset", "id", "layer")     # what names a question within a run
@@ -68,10 +66,7 @@ def runs_in(root: Path) -> list[Path]:
 
 def config_key(folder: Path, ignore: tuple[str, ...]) -> str:
     """The run's resolved config less the ignored keys (dotted), as a canonical string."""
-    try:
-        config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=False)
-    except (OSError, ValueError, OmegaConfBaseException, yaml.YAMLError) as err:
-        raise ConfigError(f"{folder / 'config.yaml'} cannot be read ({str(err).splitlines()[0]})") from None
+    config = OmegaConf.to_container(read_config(folder), resolve=False)
     for key in (*IGNORED, *ignore):
         parts = key.split(".")
         node = config

@@ -12,9 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import yaml
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from evals.distortion import correlations
 from evals.longbench import longbench_table
@@ -22,7 +20,7 @@ from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
 from harness.errors import ConfigError, OneLineParser
 from harness.figures import accuracy_curves
-from harness.results import read_jsonl, read_run_info
+from harness.results import read_config, read_jsonl, read_run_info
 from harness.tracers import recorded, tracers_file
 from harness.summary import accuracy_table, records_of, run_folders, run_labels
 
@@ -79,9 +77,9 @@ def runs_under(root: Path) -> list[Run]:
     runs, skipped = [], []
     for folder in run_folders(root):
         try:
-            runs.append(Run(folder, OmegaConf.to_container(OmegaConf.load(folder / "config.yaml")),
+            runs.append(Run(folder, OmegaConf.to_container(read_config(folder)),
                             read_run_info(folder) if (folder / "run.json").is_file() else {}))
-        except (OSError, ValueError, OmegaConfBaseException, yaml.YAMLError):
+        except (OSError, ValueError):                    # the config (a ConfigError) or run.json unreadable
             skipped.append(str(folder))
     if skipped:
         print(f"memdefrag report: left out {len(skipped)} run folders whose config.yaml or run.json cannot be read: "

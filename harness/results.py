@@ -158,11 +158,10 @@ class ResultFolder:
         def comparable(conf):
             return {k: v for k, v in OmegaConf.to_container(conf, resolve=True).items() if k not in self.FREE}
         try:
-            before = comparable(OmegaConf.load(self.folder / "config.yaml"))
-        except (OSError, ValueError, OmegaConfBaseException, yaml.YAMLError) as err:
-            raise ConfigError(f"{self.folder} holds results but its config.yaml cannot be read "
-                              f"({str(err).splitlines()[0] if str(err) else type(err).__name__}); choose another "
-                              f"output folder, or pass resume=false to start it over") from None
+            before = comparable(read_config(self.folder))
+        except ConfigError as err:
+            raise ConfigError(f"{self.folder} holds results but {err}; choose another output folder, or pass "
+                              f"resume=false to start it over") from None
         now = comparable(cfg)
         changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
         if changed:
@@ -215,6 +214,16 @@ class ResultFolder:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def read_config(folder: Path):
+    """A run folder's config.yaml, or a ConfigError naming the file and why it cannot be read."""
+    path = Path(folder) / "config.yaml"
+    try:
+        return OmegaConf.load(path)
+    except (OSError, ValueError, OmegaConfBaseException, yaml.YAMLError) as err:
+        raise ConfigError(f"{path} cannot be read ({str(err).splitlines()[0] if str(err) else type(err).__name__})") \
+            from None
 
 
 def read_run_info(folder: Path) -> dict:

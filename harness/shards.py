@@ -10,13 +10,11 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-import yaml
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from harness.errors import ConfigError
 from harness.plugins import build
-from harness.results import ResultFolder, metrics_table, read_jsonl, read_run_info
+from harness.results import ResultFolder, metrics_table, read_config, read_jsonl, read_run_info
 from harness.summary import run_folders
 
 
@@ -51,12 +49,13 @@ def merge_sweep(folder: str | Path) -> list[Path]:
     if not Path(folder).is_dir():
         raise ConfigError(f"{folder}: no such folder (give a sweep folder holding shard runs)")
     sets: dict[str, list[tuple[Path, tuple[int, int]]]] = defaultdict(list)
+    configs = {}
     for run_dir in run_folders(folder):       # result folders only: Hydra's own .hydra/config.yaml is no run
         try:
-            cfg = OmegaConf.load(run_dir / "config.yaml")
-        except (OSError, ValueError, OmegaConfBaseException, yaml.YAMLError) as err:
-            raise ConfigError(f"{run_dir / 'config.yaml'} cannot be read ({str(err).splitlines()[0]}): that folder "
-                              f"is no run this command can merge; move it out of {folder}") from None
+            cfg = configs[run_dir] = read_config(run_dir)
+        except ConfigError as err:
+            raise ConfigError(f"{err}: that folder is no run this command can merge; move it out of {folder}") \
+                from None
         if cfg.get("shard") is None:
             continue
         free = {key: None for key in ResultFolder.FREE if key in cfg}     # shards may differ in these
@@ -76,7 +75,7 @@ def merge_sweep(folder: str | Path) -> list[Path]:
             raise ConfigError(f"shards of {shards[0][0].name} are incomplete: found "
                               f"{[f'{i}/{n}' for _, (i, n) in shards]}, need 0/{count}..{count - 1}/{count}")
         target = Path(folder) / "merged" / min(path.name for path, _ in shards)
-        first = OmegaConf.load(min(shards, key=lambda s: s[1])[0] / "config.yaml")
+        first = configs[min(shards, key=lambda s: s[1])[0]]
         merged.append(merge([path for path, _ in sorted(shards, key=lambda s: s[1])], target,
                             OmegaConf.merge(OmegaConf.create(unsharded), {key: first.get(key) for key in
                                                                           ResultFolder.FREE if key in first})))
