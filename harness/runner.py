@@ -131,16 +131,16 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
         session = Session(model, tokenizer, backend, method.for_group(group.index), cfg.formation, cfg.prompt,
                           cfg.max_new_tokens, reuse=formed, forgetting=forgetting.for_group(group.index),
                           compressor=compressor)
-        start = time.perf_counter()
+        start, answered = time.perf_counter(), []
         try:
             for record in task.run_group(session, group):
                 record.update(method=label, forgetting=cfg.forgetting.label)
                 folder.add(record)
+                answered.append(record)
         except CapacityError as err:
             raise ConfigError(f"group {group.index}: {err} (finished groups are kept in {run_dir})") from None
         folder.end_group(group.index, time.perf_counter() - start)
-        logger.log_group([r for r in folder.records if r["group"] == group.index],
-                         metrics_table(task, folder.records, label), len(folder.done))
+        logger.log_group(answered, lambda: metrics_table(task, folder.records, label), len(folder.done))
         compressed += [{"group": group.index, **log} for log in session.compressed]
     records, group_seconds = folder.records, list(folder.done.values())
     metrics = metrics_table(task, records, label)

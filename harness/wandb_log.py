@@ -61,7 +61,8 @@ class WandbLogger:
         self._safely(self._start)
 
     def log_group(self, records, metrics, done: int) -> None:
-        """A finished group's records and the metrics over all `done` groups finished so far."""
+        """A finished group's records and metrics() over all `done` groups finished so far (computed only
+        where it is logged)."""
         self._safely(self._log_group, records, metrics, done)
 
     def finish(self, metrics, records, info) -> None:
@@ -86,7 +87,7 @@ class WandbLogger:
         columns = [k for k, v in records[0].items() if not isinstance(v, (dict, list))] if records else []
         row = {"groups_done": done,
                "group_records": wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in records])}
-        for record in metrics.to_dict("records"):
+        for record in metrics().to_dict("records"):
             where = "/".join(f"{k}={record[k]}" for k in ("step", "layer", "subset") if k in record)
             row.update({f"running/{where}/{k}": v for k, v in record.items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and k != "step"})
