@@ -38,10 +38,12 @@ class Probe:
     def __init__(self, dataset: str = "nqa", data_dir: str | None = None, groups: int = 50, fragments: int = 20,
                  positions: list[int] | None = None, one_position_per_group: bool = False,
                  layers: str | list[int] = "all", seed: int = 42, max_context_tokens: int = 512):
-        if not isinstance(layers, str):
+        if isinstance(layers, str):
+            allowed = layers in ("all", "band")
+        else:
             layers = list(layers) if isinstance(layers, Iterable) else layers
-        if (isinstance(layers, str) and layers not in ("all", "band")) or (not isinstance(layers, str) and (
-                not isinstance(layers, list) or not all(type(x) is int for x in layers))):
+            allowed = isinstance(layers, list) and all(type(x) is int for x in layers)
+        if not allowed:
             raise ConfigError(f"task.layers={layers!r} must be 'all', 'band' or a list of layer indices")
         self.layers = layers
         if fragments < 2:

@@ -77,8 +77,9 @@ def locked(entry: Path):
 
 
 def _record(files: list[Path], root: Path) -> dict:
-    return {str(f.relative_to(root)): {"size": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns,
-                                       "sha256": sha256(f)} for f in files}
+    stats = {f: f.stat() for f in files}
+    return {str(f.relative_to(root)): {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha256(f)}
+            for f, stat in stats.items()}
 
 
 def _manifest_of(entry: Path) -> Path:

@@ -17,13 +17,7 @@ from pathlib import Path
 import torch
 import transformers
 
-import methods.decoder
-import methods.formation
-import methods.hidden_prefix
-import methods.kv_prefix
-import methods.memory
-import methods.positions
-import methods.tracing
+import methods
 from harness.cache import read_json, usable, write_json
 from harness.errors import ConfigError, OneLineParser
 from harness.models import ModelSpec
@@ -41,8 +35,6 @@ FRAGMENTS = ("The lighthouse keeper of Port Alder is Mirela Voss, who paints gul
 QUESTION = "Who keeps the lighthouse of Port Alder?"
 # largest allowed difference, relative to the largest |logit| (densities: to the largest density)
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
-JUDGED = (methods.decoder, methods.formation, methods.hidden_prefix, methods.kv_prefix, methods.memory,
-          methods.positions, methods.tracing)
 FALLBACK = "use backend=hidden_prefix (the paper's formulation, slower) for this model"
 
 
@@ -86,8 +78,9 @@ def compare(model, tokenizer, texts=FRAGMENTS, order=(1, 0), question=QUESTION, 
 
 def _verdict_file(model, spec: ModelSpec):
     """Where the verdict for this model, dtype, device and code is kept (the code: the libraries' versions and
-    the source of this project's modules that the verdict is about, so an edited backend is checked anew)."""
-    source = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in JUDGED)).hexdigest()
+    the source of methods/, so an edited backend is checked anew)."""
+    code = sorted(Path(methods.__path__[0]).glob("*.py"))
+    source = hashlib.sha256(b"".join(path.read_bytes() for path in code)).hexdigest()
     identity = json.dumps([spec.source, spec.gguf_file, getattr(model, "name_or_path", ""), str(model.dtype),
                            model.device.type, model.config.to_json_string(), transformers.__version__,
                            torch.__version__, source], sort_keys=True)
