@@ -121,21 +121,22 @@ class ResultFolder:
         self.records: list[dict] = []
         self.lines: dict[int, list[str]] = {}             # group -> its record lines as written
         self.rerun: list[int] = []                        # finished groups whose records were damaged
-        self.kept_lines: list[str] = []                   # the kept records' lines, in file order
         try:
+            kept: list[str] = []
             if resume and (self.folder / "groups.jsonl").exists():
                 self._check_same_run(cfg)
-                self._verified_groups()
+                kept = self._verified_groups()
             with self.writing():
                 atomic_write(self.folder / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-                self._predictions = _rewrite(self.folder / "predictions.jsonl", self.kept_lines)
+                self._predictions = _rewrite(self.folder / "predictions.jsonl", kept)
                 self._groups = _rewrite(self.folder / "groups.jsonl", [self._group_line(g) for g in self.done])
         except BaseException:
             self.lock.release()
             raise
 
-    def _verified_groups(self) -> None:
-        """The finished groups whose records on disk are the ones they finished with; the rest run again."""
+    def _verified_groups(self) -> list[str]:
+        """Keep the finished groups whose records on disk are the ones they finished with (the rest run again);
+        returns their record lines, in file order."""
         written = read_lines(self.folder / "predictions.jsonl")
         lines: dict[int, list[str]] = {}
         for line, record in written:
@@ -148,7 +149,8 @@ class ResultFolder:
                 continue
             self.done[group], self.lines[group] = entry["seconds"], mine
         kept = [(line, record) for line, record in written if record.get("group") in self.done]
-        self.records, self.kept_lines = [record for _, record in kept], [line for line, _ in kept]
+        self.records = [record for _, record in kept]
+        return [line for line, _ in kept]
 
     def _group_line(self, group: int) -> dict:
         lines = self.lines.get(group, [])
