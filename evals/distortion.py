@@ -16,7 +16,7 @@ from scipy import stats
 from evals.retention import Retention
 from harness.models import num_layers
 from methods.session import format_prompt
-from methods.tracing import QUERY_MODES, densities
+from methods.attention.tracing import QUERY_MODES, densities
 
 
 class Distortion(Retention):

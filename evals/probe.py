@@ -18,7 +18,7 @@ from evals.retention import Group, Retention
 from harness.errors import ConfigError
 from harness.models import num_layers
 from methods.session import format_prompt
-from methods.tracing import QUERY_MODES, densities, ranks
+from methods.attention.tracing import QUERY_MODES, densities, ranks
 
 TOP = (1, 2, 3, 4, 5)
 

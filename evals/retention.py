@@ -16,7 +16,7 @@ import torch
 
 from evals import datasets
 from harness.errors import ConfigError
-from methods.tracing import ranks
+from methods.attention.tracing import ranks
 
 
 @dataclass(frozen=True)

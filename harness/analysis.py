@@ -16,7 +16,7 @@ from evals.probe import tracing_table
 from harness.errors import OneLineParser
 from harness.figures import accuracy_and_density, correlation_bars, density_heatmap
 from harness.results import read_jsonl
-from methods.tracing import QUERY_MODES
+from methods.attention.tracing import QUERY_MODES
 
 
 def write_analysis(folder: str | Path, records: list[dict]) -> list[Path]:

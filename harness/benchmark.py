@@ -34,14 +34,14 @@ from evals.retention import Retention
 from harness.errors import ConfigError, OneLineParser, stops_on_config_error
 from harness.models import DTYPES, ModelSpec, check_device, check_source, grouped_sdpa_on_cpu, load, pick_device
 from methods.formation import Former
-from methods.hidden_prefix import HiddenPrefixBackend
-from methods.kv_prefix import KVPrefixBackend
+from methods.backends.hidden_prefix import HiddenPrefixBackend
+from methods.backends.kv_prefix import KVPrefixBackend
 from methods.memdefrag import MemDefrag
 from methods.memory import Fragment, LatentMemory
-from methods.memoryllm_model import MemoryLLMConfig
-from methods.none import NoMemory
+from methods.memoryllm.checkpoint import MemoryLLMConfig
+from methods.baselines import NoMemory
 from methods.session import Answer, Session
-from methods.vanilla import Vanilla
+from methods.baselines import Vanilla
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import conf  # noqa: F401 - registers the typed schemas the configs extend
-from harness import compare, report, shards, tracers
+from harness import compare, report, shards, tracer_layers
 from harness.errors import OneLineParser, stops_on_config_error
 from harness.jobs import check_jobs
 from harness.runner import run
@@ -34,7 +34,7 @@ def tracer_sweep(cfg: DictConfig):
               "mean_rank": round(float(best["mean_rank"]), 3), "top1": round(float(best["top1"]), 1),
               "swept": f"layers {cfg.task.layers} on {cfg.task.dataset}, {cfg.task.groups} groups x "
                        f"{cfg.task.fragments} fragments, prompt {cfg.prompt}, formation {cfg.formation}"}
-    path = tracers.record(cfg.model.name, choice)
+    path = tracer_layers.record(cfg.model.name, choice)
     print(f"{cfg.model.name}: tracer_layer={choice['tracer_layer']} query_mode={choice['query_mode']} "
           f"(mean rank {choice['mean_rank']}), recorded in {path}")
 
@@ -63,7 +63,7 @@ def main() -> None:
     elif command == "tracer-sweep":
         del sys.argv[1]
         with stops_on_config_error("memdefrag tracer-sweep"):
-            tracers.start_file()
+            tracer_layers.start_file()
             check_jobs("tracer_sweep", sys.argv[1:])
         tracer_sweep()
     else:

@@ -20,10 +20,10 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-import methods.memoryllm_model  # noqa: F401 - registers model_type memoryllm with transformers' auto classes
+import methods.memoryllm.checkpoint  # noqa: F401 - registers model_type memoryllm with transformers' auto classes
 from harness import cache
 from harness.errors import ConfigError
-from methods import decoder
+from methods.attention import decoder
 from methods.sources import unavailable
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

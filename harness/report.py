@@ -21,7 +21,7 @@ from harness.analysis import write_analysis
 from harness.errors import ConfigError, OneLineParser
 from harness.figures import accuracy_curves
 from harness.results import read_config, read_jsonl, read_run_info
-from harness.tracers import recorded, tracers_file
+from harness.tracer_layers import recorded, tracers_file
 from harness.summary import accuracy_table, records_of, run_folders, run_labels
 
 DEFAULT_MODEL = "smollm2"     # the paper tables' backbone here; other models get sections of their own

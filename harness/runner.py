@@ -18,8 +18,8 @@ from harness.models import ModelSpec, check_source, load, num_layers
 from harness.plugins import build
 from harness.results import ResultFolder, metrics_table, peak_memory_mb, reset_peak_memory
 from methods.forgetting import CapacityError
-from methods.hidden_prefix import HiddenPrefixBackend
-from methods.kv_prefix import KVPrefixBackend
+from methods.backends.hidden_prefix import HiddenPrefixBackend
+from methods.backends.kv_prefix import KVPrefixBackend
 from methods.session import Session, format_prompt
 
 log = logging.getLogger(__name__)

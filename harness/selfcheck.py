@@ -1,7 +1,7 @@
 """The load-time self-check: the fast backend must answer as the paper's formulation does.
 
 The fast backend re-places stored keys with the positions it learned from the model (see
-methods.positions). The first time a model is used with it (per model, dtype and device), two
+methods.attention.positions). The first time a model is used with it (per model, dtype and device), two
 short fragments are stored, put in reversed order and asked about by both backends; the prompt's
 logits and every layer's densities must agree within the dtype's tolerance. A mismatch stops the
 run with one clear error. The verdict is cached (MEMDEFRAG_CACHE/selfcheck/), so it costs seconds once.
@@ -22,13 +22,13 @@ from harness.cache import read_json, usable, write_json
 from harness.errors import ConfigError, OneLineParser
 from harness.models import ModelSpec
 from methods.formation import Former
-from methods.hidden_prefix import HiddenPrefixBackend
-from methods.kv_prefix import KVPrefixBackend
+from methods.backends.hidden_prefix import HiddenPrefixBackend
+from methods.backends.kv_prefix import KVPrefixBackend
 from methods.generation import greedy, stop_ids
 from methods.memory import LatentMemory
-from methods.positions import RotaryError
+from methods.attention.positions import RotaryError
 from methods.session import format_prompt
-from methods.tracing import densities
+from methods.attention.tracing import densities
 
 FRAGMENTS = ("The lighthouse keeper of Port Alder is Mirela Voss, who paints gulls at dawn.",
              "Copper melts at 1085 degrees Celsius and conducts heat well.")
@@ -79,7 +79,7 @@ def compare(model, tokenizer, texts=FRAGMENTS, order=(1, 0), question=QUESTION, 
 def _verdict_file(model, spec: ModelSpec):
     """Where the verdict for this model, dtype, device and code is kept (the code: the libraries' versions and
     the source of methods/, so an edited backend is checked anew)."""
-    code = sorted(Path(methods.__path__[0]).glob("*.py"))
+    code = sorted(Path(methods.__path__[0]).rglob("*.py"))
     source = hashlib.sha256(b"".join(path.read_bytes() for path in code)).hexdigest()
     identity = json.dumps([spec.source, spec.gguf_file, getattr(model, "name_or_path", ""), str(model.dtype),
                            model.device.type, model.config.to_json_string(), transformers.__version__,

@@ -7,14 +7,14 @@ capacity (`Informativeness`, `RandomForgetting`, `RandomLayerwise`)."""
 
 from harness.models import ModelSpec, load
 from methods.forgetting import Informativeness, RandomForgetting, RandomLayerwise
-from methods.hidden_prefix import HiddenPrefixBackend
-from methods.kv_prefix import KVPrefixBackend
+from methods.backends.hidden_prefix import HiddenPrefixBackend
+from methods.backends.kv_prefix import KVPrefixBackend
 from methods.memdefrag import MemDefrag
 from methods.memory import Fragment, LatentMemory
-from methods.none import NoMemory
+from methods.baselines import NoMemory
 from methods.session import Session
-from methods.text import TextMemory
-from methods.vanilla import Vanilla
+from methods.baselines import TextMemory
+from methods.baselines import Vanilla
 
 __all__ = ["Fragment", "HiddenPrefixBackend", "Informativeness", "KVPrefixBackend", "LatentMemory", "MemDefrag",
            "ModelSpec", "NoMemory", "RandomForgetting", "RandomLayerwise", "Session", "TextMemory", "Vanilla", "load"]

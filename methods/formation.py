@@ -19,8 +19,8 @@ import torch
 from transformers import DynamicCache
 
 from methods.memory import Fragment, LatentMemory
-from methods.decoder import hooked, layers
-from methods.positions import Rotary, watching_rotary
+from methods.attention.decoder import hooked, layers
+from methods.attention.positions import Rotary, watching_rotary
 
 FORMATIONS = ("reference", "shared_sink")
 

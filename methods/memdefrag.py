@@ -7,7 +7,7 @@ import torch
 
 from methods.base import Method, Plan
 from methods.generation import clock
-from methods.tracing import QUERY_MODES, densities
+from methods.attention.tracing import QUERY_MODES, densities
 
 
 def defragment(density: torch.Tensor, k: int | None) -> list[int]:

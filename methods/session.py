@@ -10,12 +10,12 @@ from dataclasses import dataclass
 import torch
 
 from methods.base import Method
-from methods.compression import Compressor, NoCompression
+from methods.compression.compressor import Compressor, NoCompression
 from methods.forgetting import Forgetting, NoForgetting
 from methods.formation import Former
 from methods.generation import clock, greedy, stop_ids
 from methods.memory import LatentMemory
-from methods.text_prefix import TextPrefix
+from methods.backends.text_prefix import TextPrefix
 
 PROMPT_STYLES = ("plain", "chat", "raw")
 

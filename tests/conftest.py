@@ -148,7 +148,7 @@ def tiny_checkpoint(tmp_path_factory):
 def save_tiny_memoryllm(folder, tokenizer_folder: str, **extra) -> str:
     """A tiny random MemoryLLM (a pool of 8 x 16 slots, LoRA adapters, a drop per layer; `extra` config fields
     make it an M+) on the tiny checkpoint's tokenizer: whole runs of its methods (plumbing, not accuracy)."""
-    from methods.memoryllm_model import MemoryLLMConfig, MemoryLLMForCausalLM
+    from methods.memoryllm.checkpoint import MemoryLLMConfig, MemoryLLMForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
     torch.manual_seed(0)

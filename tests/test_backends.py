@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from methods.decoder import layers as layers_of
+from methods.attention.decoder import layers as layers_of
 from methods.formation import Former
 from methods.generation import greedy
-from methods.hidden_prefix import HiddenPrefixBackend
-from methods.kv_prefix import KVPrefixBackend, rows_after, run_after
+from methods.backends.hidden_prefix import HiddenPrefixBackend
+from methods.backends.kv_prefix import KVPrefixBackend, rows_after, run_after
 from methods.memory import LatentMemory
-from methods.tracing import densities, prompt_attention
+from methods.attention.tracing import densities, prompt_attention
 from tests.conftest import FRAGMENTS
 
 VIEWS = {"vanilla": None, "reordered_top2": [4, 0], "reordered_all": [2, 1, 0, 4, 3]}

@@ -7,15 +7,15 @@ import pytest
 import torch
 
 from harness.runner import run
-from methods.compression import NoCompression, kept_count
+from methods.compression.compressor import NoCompression, kept_count
 from methods.forgetting import Informativeness
-from methods.hidden_prefix import HiddenPrefixBackend
-from methods.kv_prefix import KVPrefixBackend
-from methods.llmlingua import LLMLingua, segment_quotas
-from methods.llmlingua2 import LLMLingua2, owners, select_words
-from methods.self_information import SelfInformation, self_information
+from methods.backends.hidden_prefix import HiddenPrefixBackend
+from methods.backends.kv_prefix import KVPrefixBackend
+from methods.compression.llmlingua import LLMLingua, segment_quotas
+from methods.compression.llmlingua2 import LLMLingua2, owners, select_words
+from methods.compression.self_information import SelfInformation, self_information
 from methods.session import Session
-from methods.vanilla import Vanilla
+from methods.baselines import Vanilla
 from tests.conftest import FRAGMENTS, tiny_run_config
 
 

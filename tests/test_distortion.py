@@ -5,10 +5,10 @@ import json
 import pytest
 
 from evals.distortion import Distortion, correlations
-from methods.kv_prefix import KVPrefixBackend
+from methods.backends.kv_prefix import KVPrefixBackend
 from methods.session import Session
-from methods.text import TextMemory
-from methods.vanilla import Vanilla
+from methods.baselines import TextMemory
+from methods.baselines import Vanilla
 from tests.test_retention import write
 
 

@@ -18,7 +18,7 @@ from transformers import (AutoModelForCausalLM, DeepseekV2Config, Gemma4TextConf
 
 from harness.errors import ConfigError
 from harness.runner import preflight
-from methods.kv_prefix import KVPrefixBackend
+from methods.backends.kv_prefix import KVPrefixBackend
 from tests.conftest import COMMON, FAMILIES, tiny_run_config
 
 GEMMA4 = dict(COMMON, sliding_window=12)
@@ -90,7 +90,7 @@ def test_every_exact_family_passes_the_checks_before_weights(family):
 def test_what_only_the_fast_backend_refuses_runs_on_the_hidden_prefix_backend(family, tokenizer):
     """The refusal points to backend=hidden_prefix: it must answer and trace there."""
     from methods.formation import Former
-    from methods.hidden_prefix import HiddenPrefixBackend
+    from methods.backends.hidden_prefix import HiddenPrefixBackend
     from methods.memory import LatentMemory
 
     torch.manual_seed(0)

@@ -8,10 +8,10 @@ import torch
 from methods.forgetting import (CapacityError, Informativeness, RandomForgetting, RandomLayerwise,
                                 proportional_quotas)
 from methods.formation import Former
-from methods.hidden_prefix import HiddenPrefixBackend
-from methods.kv_prefix import KVPrefixBackend
+from methods.backends.hidden_prefix import HiddenPrefixBackend
+from methods.backends.kv_prefix import KVPrefixBackend
 from methods.memory import Fragment, LatentMemory
-from methods.tracing import densities
+from methods.attention.tracing import densities
 from tests.conftest import FRAGMENTS
 
 LAYERS = 3

@@ -4,8 +4,8 @@ import pytest
 
 from harness import selfcheck
 from harness.models import ModelSpec, load
-from methods.kv_prefix import KVPrefixBackend
-from methods.positions import Rotary
+from methods.backends.kv_prefix import KVPrefixBackend
+from methods.attention.positions import Rotary
 from tests.test_config import composed
 
 pytestmark = pytest.mark.slow

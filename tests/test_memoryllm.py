@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from harness.runner import run
-from methods.hidden_prefix import HiddenPrefixBackend
-from methods.memoryllm import MemoryLLM, PoolWriter
-from methods.memoryllm_model import MemoryLLMConfig, MemoryLLMForCausalLM
-from methods.mplus import MPlus, MPlusWriter
-from methods.slot_memory import LEAD, SlotMemory
+from methods.backends.hidden_prefix import HiddenPrefixBackend
+from methods.memoryllm.memoryllm import MemoryLLM, PoolWriter
+from methods.memoryllm.checkpoint import MemoryLLMConfig, MemoryLLMForCausalLM
+from methods.memoryllm.mplus import MPlus, MPlusWriter
+from methods.memoryllm.slots import LEAD, SlotMemory
 from tests.conftest import tiny_run_config
 from tests.testdata.memoryllm.tiny import VARIANTS, fill
 

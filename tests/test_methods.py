@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from methods.kv_prefix import KVPrefixBackend
+from methods.backends.kv_prefix import KVPrefixBackend
 from methods.memdefrag import MemDefrag, defragment
-from methods.none import NoMemory
+from methods.baselines import NoMemory
 from methods.session import Session
-from methods.text import TextMemory
-from methods.tracing import ranks
-from methods.vanilla import Vanilla
+from methods.baselines import TextMemory
+from methods.attention.tracing import ranks
+from methods.baselines import Vanilla
 
 
 def test_defragment_puts_the_densest_last_and_keeps_top_k():

@@ -25,7 +25,8 @@ def test_this_interpreter_is_one_the_package_claims():
 
 
 @pytest.mark.parametrize("module", sorted(PACKAGES + [
-    f"{package}.{info.name}" for package in PACKAGES for info in pkgutil.iter_modules([str(ROOT / package)])
+    f"{package}.{info.name}" for package in PACKAGES
+    for info in pkgutil.iter_modules([str(ROOT / package.replace(".", "/"))])
     if info.name != "__main__"]))                                 # runs the command when imported
 def test_every_module_imports(module):
     importlib.import_module(module)

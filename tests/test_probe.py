@@ -6,11 +6,11 @@ import torch
 from evals.datasets import QAItem
 from evals.probe import Probe, tracing_table
 from evals.retention import Group
-from methods.kv_prefix import KVPrefixBackend
-from methods.positions import Rotary
+from methods.backends.kv_prefix import KVPrefixBackend
+from methods.attention.positions import Rotary
 from methods.session import Session
-from methods.text import TextMemory
-from methods.vanilla import Vanilla
+from methods.baselines import TextMemory
+from methods.baselines import Vanilla
 
 GROUP = Group(0, QAItem("the cat sat on the mat", "where is the cat?", "mat"),
               ("a quick brown fox", "hello world again", "zzz yy x"))
@@ -22,7 +22,7 @@ def probe_session(model, tokenizer, method=None):
 
 @pytest.mark.parametrize("method, formed, memory_forwards", [(Vanilla(), 4, 0), (TextMemory(), 0, 1)])
 def test_every_position_from_one_forward_each(llama, tokenizer, method, formed, memory_forwards):
-    """Latent memory is formed once; text memory runs its changed tail (methods.text_prefix) before the prompt."""
+    """Latent memory is formed once; text memory runs its changed tail (methods.backends.text_prefix) before the prompt."""
     session = probe_session(llama, tokenizer, method)
     Rotary.of(llama)                                   # its one probe forward, learned once per model
     calls, records, seen = [], [], []
@@ -84,8 +84,8 @@ def test_bad_probe_settings_are_refused():
 
 def test_text_rows_equal_eager_attention_weights(family_model):
     """Only the prompt's rows are built, and they are the model's own attention (masks, soft-capping)."""
-    from methods.tracing import eager_attention
-    from methods.text_prefix import TextPrefix
+    from methods.attention.tracing import eager_attention
+    from methods.backends.text_prefix import TextPrefix
 
     ids = torch.arange(3, 40)
     layers = list(range(family_model.config.num_hidden_layers))
@@ -98,7 +98,7 @@ def test_text_rows_equal_eager_attention_weights(family_model):
 
 def test_a_text_prefix_runs_only_what_changed_and_answers_as_a_fresh_one(family_model):
     """Appending runs the new tokens only; after holding other texts, rows and logits are a fresh cache's."""
-    from methods.text_prefix import TextPrefix
+    from methods.backends.text_prefix import TextPrefix
 
     ran = []
     hook = family_model.get_input_embeddings().register_forward_hook(lambda m, i, o: ran.append(i[0].shape[1]))

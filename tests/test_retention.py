@@ -114,7 +114,7 @@ def test_protocol_stores_target_first_and_asks_at_eval_steps(tmp_path):
 def test_forgetting_bounds_the_memory_across_updates(tmp_path, llama, tokenizer):
     """A real session under a capacity: memory stays at N_max once full; the target shrinks, never vanishes."""
     from methods.forgetting import Informativeness
-    from methods.kv_prefix import KVPrefixBackend
+    from methods.backends.kv_prefix import KVPrefixBackend
     from methods.memdefrag import MemDefrag
     from methods.session import Session
 

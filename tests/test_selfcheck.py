@@ -7,8 +7,8 @@ import torch
 from harness import selfcheck
 from harness.errors import ConfigError
 from harness.models import ModelSpec
-from methods.kv_prefix import KVPrefixBackend
-from methods.positions import Rotary
+from methods.backends.kv_prefix import KVPrefixBackend
+from methods.attention.positions import Rotary
 from tests.conftest import tiny_model
 
 

@@ -11,11 +11,11 @@ import torch
 
 from evals.synthetic import generate
 from methods.formation import Former
-from methods.hidden_prefix import HiddenPrefixBackend
-from methods.kv_prefix import KVPrefixBackend
+from methods.backends.hidden_prefix import HiddenPrefixBackend
+from methods.backends.kv_prefix import KVPrefixBackend
 from methods.memory import LatentMemory
 from methods.session import format_prompt
-from methods.tracing import densities
+from methods.attention.tracing import densities
 
 pytestmark = pytest.mark.slow
 

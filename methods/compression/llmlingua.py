@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from methods.compression import Compressor, kept_count
-from methods.self_information import self_information
+from methods.compression.compressor import Compressor, kept_count
+from methods.compression.self_information import self_information
 from methods.sources import unavailable
 
 

@@ -26,11 +26,11 @@ import torch
 
 from methods.base import Plan
 from methods.generation import clock
-from methods.hidden_prefix import edited_layer_inputs
-from methods.memoryllm import MemoryLLM, PoolWriter
-from methods.decoder import embeddings, layers
-from methods.slot_memory import LEAD, SlotMemory
-from methods.tracing import StopForward, until_stopped
+from methods.backends.hidden_prefix import edited_layer_inputs
+from methods.memoryllm.memoryllm import MemoryLLM, PoolWriter
+from methods.attention.decoder import embeddings, layers
+from methods.memoryllm.slots import LEAD, SlotMemory
+from methods.attention.tracing import StopForward, until_stopped
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from methods.compression import Compressor, kept_count
+from methods.compression.compressor import Compressor, kept_count
 from methods.formation import next_token_nll, sink_token_id
 
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from methods.decoder import attentions, hooked
+from methods.attention.decoder import attentions, hooked
 
 QUERY_MODES = ("last", "mean")
 

@@ -14,8 +14,8 @@ import torch
 from transformers import DynamicCache
 
 from methods.memory import LatentMemory
-from methods.decoder import embeddings, hooked, layers
-from methods.tracing import eager_attention, returned_weights, until_stopped
+from methods.attention.decoder import embeddings, hooked, layers
+from methods.attention.tracing import eager_attention, returned_weights, until_stopped
 
 
 @contextmanager

@@ -14,9 +14,9 @@ from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 from transformers.cache_utils import Cache, DynamicLayer
 
 from methods.memory import Fragment, LatentMemory, parts
-from methods import decoder
-from methods.positions import Rotary, RotaryError, has_rotary_function, no_rotary_function
-from methods.tracing import recording_attention, until_stopped
+from methods.attention import decoder
+from methods.attention.positions import Rotary, RotaryError, has_rotary_function, no_rotary_function
+from methods.attention.tracing import recording_attention, until_stopped
 
 
 class PrefixLayer(DynamicLayer):

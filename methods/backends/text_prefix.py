@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from methods.kv_prefix import PrefixLayer, common_prefix, rows_after, run_after
+from methods.backends.kv_prefix import PrefixLayer, common_prefix, rows_after, run_after
 
 
 class TextPrefix:

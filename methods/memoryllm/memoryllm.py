@@ -23,12 +23,12 @@ from contextlib import ExitStack, contextmanager
 import torch
 
 from methods.base import Method, Plan
-from methods.hidden_prefix import edited_layer_inputs, stored_prefix
+from methods.backends.hidden_prefix import edited_layer_inputs, stored_prefix
 from methods.memdefrag import MemDefrag
 from methods.memory import Fragment
-from methods.memoryllm_model import MemoryLLMConfig, MemoryLLMForCausalLM
-from methods.decoder import embeddings, hooked, layers
-from methods.slot_memory import SlotMemory
+from methods.memoryllm.checkpoint import MemoryLLMConfig, MemoryLLMForCausalLM
+from methods.attention.decoder import embeddings, hooked, layers
+from methods.memoryllm.slots import SlotMemory
 
 
 def added_to_last(model, vector: torch.Tensor, count: int):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from transformers import DynamicCache
 
-from methods.decoder import attention, attentions, hooked, layers
+from methods.attention.decoder import attention, attentions, hooked, layers
 from methods.memory import Layered
 
 ROTARY_PREFIX = "apply_rotary"

@@ -19,7 +19,7 @@ from functools import cached_property
 
 import torch
 
-from methods.compression import Compressor, kept_count
+from methods.compression.compressor import Compressor, kept_count
 from methods.sources import unavailable
 
 PAPER_MODEL = "microsoft/llmlingua-2-xlm-roberta-large-meetingbank"

@@ -1,0 +1,1 @@
+"""Compression before formation: each fragment cut to a share of its tokens."""

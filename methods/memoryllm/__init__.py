@@ -1,0 +1,1 @@
+"""MemoryLLM and M+: their checkpoints, their slot memory, and the two as methods."""
