@@ -1,171 +1,97 @@
-"""Typed schemas of every config group, registered in Hydra's ConfigStore.
+"""Typed schemas of every config group, derived from the code that reads the configs and registered in
+Hydra's ConfigStore, so an option is declared once: where it is used.
 
-The YAML files stay what users read; each extends its schema (`defaults: [<schema>, _self_]`,
-the schema stored in the same group), and the top-level config extends `RunSchema`, which
-types the model too. So Hydra refuses a wrong type, an unknown choice or an unknown key on
-the command line with the key, the value and what is allowed, before any code of ours runs.
-Ranges (k >= 1, a layer within the model) are checked by the plugins, before any weights load.
+- A plugin's options are its constructor's typed parameters, with their defaults; keyword-only parameters
+  are what the harness passes (a run folder, say), not options. A set of choices is an enum declared beside
+  the code that uses it. The schema is named after the class that declares the options (the most general
+  one sharing the plugin's constructor): `MemDefrag` -> `MemDefragSchema`, stored as `memdefrag_schema`
+  in the plugin's group, which its YAML files extend (`defaults: [memdefrag_schema, _self_]`).
+- The model's schema is `ModelSpec` (harness/models.py); the run's own options are `RunSchema` below.
+
+So Hydra refuses a wrong type, an unknown choice or an unknown key on the command line with the key, the
+value and what is allowed, before any code of ours runs. Ranges (k >= 1, a layer within the model) and what
+a type cannot say (an integer or 'all') are checked by the plugins, before any weights load.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import StrEnum
+import dataclasses
+import inspect
+import types
+import typing
+from enum import Enum
+from pathlib import Path
 from typing import Any, List, Optional
 
+import yaml
 from hydra.core.config_store import ConfigStore
+from hydra.utils import get_class
 from omegaconf import MISSING, SI
 
+from harness.models import ModelSpec
+from harness.runner import Backend
+from methods.formation import Formation
+from methods.session import PromptStyle
 
-Backend = StrEnum("Backend", ["fast", "hidden_prefix"])
-Formation = StrEnum("Formation", ["shared_sink", "reference"])
-Prompt = StrEnum("Prompt", ["chat", "plain"])
-QueryMode = StrEnum("QueryMode", ["last", "mean"])
-Dtype = StrEnum("Dtype", ["float32", "bfloat16", "float16"])
-Dataset = StrEnum("Dataset", ["synthetic", "nqa", "squad"])
-LongBenchDataset = StrEnum("LongBenchDataset", ["synthetic", "longbench"])
-Overflow = StrEnum("Overflow", ["skip", "truncate"])
-Chunking = StrEnum("Chunking", ["passages", "sentences", "fixed"])
-LongBenchPrompt = StrEnum("LongBenchPrompt", ["plain", "longbench", "chat"])
-WandbMode = StrEnum("WandbMode", ["offline", "online", "disabled"])
+CONF = Path(__file__).parent
+LABELLED = ("method", "forgetting", "compression")      # groups whose runs are named by their `label`
+OPTION = inspect.Parameter.POSITIONAL_OR_KEYWORD
 
 
-@dataclass
-class ModelSchema:
-    name: str = MISSING
-    source: str = MISSING
-    gguf_file: Optional[str] = None
-    dtype: Dtype = Dtype.float32
-    device: str = "auto"
-    device_map: Optional[str] = None
-    tracer_layer: Optional[int] = None
-    query_mode: Optional[QueryMode] = None
-    prompt: Prompt = Prompt.chat
-    trust_remote_code: bool = False
-    memory_capacity: Optional[int] = None
+def option_type(annotation) -> Any:
+    """What OmegaConf can check of an annotation: a primitive or an enum, a list of them, optional or not;
+    anything else (an integer or 'all') is left to the plugin."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        kinds = [a for a in typing.get_args(annotation) if a is not type(None)]
+        inner = option_type(kinds[0]) if len(kinds) == 1 else Any
+        return Any if inner is Any else Optional[inner]
+    if typing.get_origin(annotation) is list:
+        return List[option_type(typing.get_args(annotation)[0])]
+    if annotation in (bool, int, float, str) or isinstance(annotation, type) and issubclass(annotation, Enum):
+        return annotation
+    return Any
 
 
-@dataclass
-class MethodSchema:
-    _target_: str = MISSING
-    label: str = MISSING
+def declaring(cls: type) -> type:
+    """The class whose constructor declares a plugin's options: the most general one sharing it."""
+    return [k for k in cls.__mro__ if k is not object and k.__init__ is cls.__init__][-1]
 
 
-@dataclass
-class MemDefragSchema(MethodSchema):
-    k: Any = 2                              # an integer >= 1 or 'all': checked by MemDefrag
-    tracer_layer: Optional[int] = None
-    query_mode: Optional[QueryMode] = None
+def options(cls: type) -> list[tuple[str, Any, dataclasses.Field]]:
+    """(name, type, default) of every option of a class's constructor, for `dataclasses.make_dataclass`."""
+    hints = typing.get_type_hints(cls.__init__)
+    fields = []
+    for name, parameter in list(inspect.signature(cls.__init__).parameters.items())[1:]:
+        if parameter.kind != OPTION:
+            continue
+        default = MISSING if parameter.default is inspect.Parameter.empty else parameter.default
+        default = dataclasses.field(default_factory=lambda d=default: list(d)) if isinstance(default, list) \
+            else dataclasses.field(default=default)
+        fields.append((name, option_type(hints.get(name, Any)), default))
+    return fields
 
 
-@dataclass
-class MemoryLLMSchema(MethodSchema):
-    defragment: bool = False
-    tracer_layer: Optional[int] = None
-    query_mode: Optional[QueryMode] = None
-    seed: int = 0
+def schema(cls: type, name: str, extra: list | None = None) -> type:
+    """A dataclass of a class's options (and `extra` fields first), for Hydra to check configs against."""
+    return dataclasses.make_dataclass(name, [*(extra or []), *options(cls)])
 
 
-@dataclass
-class TaskSchema:
-    _target_: str = MISSING
-    dataset: Dataset = Dataset.synthetic
-    data_dir: Optional[str] = None
-    groups: int = 20
-    seed: int = 42
-    max_context_tokens: int = 512
+def plugin_schema(group: str, target: str) -> tuple[str, type]:
+    """The name a plugin's YAML files extend and the schema stored under it."""
+    owner = declaring(get_class(target))
+    extra = [("_target_", str, dataclasses.field(default=MISSING))]
+    if group in LABELLED:
+        extra.append(("label", str, dataclasses.field(default=MISSING)))
+    return f"{owner.__name__.lower()}_schema", schema(owner, f"{owner.__name__}Schema", extra)
 
 
-@dataclass
-class RetentionSchema(TaskSchema):
-    updates: int = 20
-    eval_steps: Optional[List[int]] = None
-    shuffle: bool = True
+ModelSchema = schema(ModelSpec, "ModelSchema")
 
 
-@dataclass
-class ProbeSchema(TaskSchema):
-    fragments: int = 20
-    positions: Optional[List[int]] = None
-    one_position_per_group: bool = False
-    layers: Any = "all"                     # 'all', 'band' or a list of layers: checked by Probe
-
-
-@dataclass
-class DistortionSchema(TaskSchema):
-    updates: int = 20
-
-
-@dataclass
-class LongBenchSchema:
-    _target_: str = MISSING
-    dataset: LongBenchDataset = LongBenchDataset.synthetic
-    data_dir: Optional[str] = None
-    hub_id: Optional[str] = None
-    subsets: Optional[List[str]] = None     # names checked by LongBench against the dataset's
-    groups: Optional[int] = None
-    max_tokens: int = 16_384
-    overflow: Overflow = Overflow.skip
-    chunking: Optional[Chunking] = None
-    chunk_tokens: int = 256
-    prompt: LongBenchPrompt = LongBenchPrompt.plain
-    max_new_tokens: Optional[int] = None
-    seed: int = 42
-    bertscore_model: str = "minilm"
-    bertscore_layers: Optional[int] = None
-    bertscore_rescale: bool = False
-
-
-@dataclass
-class ForgettingSchema:
-    _target_: str = MISSING
-    label: str = MISSING
-
-
-@dataclass
-class CapacitySchema(ForgettingSchema):
-    capacity: Optional[int] = None
-    seed: int = 0
-
-
-@dataclass
-class CompressionSchema:
-    _target_: str = MISSING
-    label: str = MISSING
-
-
-@dataclass
-class RateSchema(CompressionSchema):
-    rate: float = 1.0                       # the share of a fragment's tokens kept, in (0, 1]
-
-
-@dataclass
-class LLMLinguaSchema(RateSchema):
-    model: Optional[str] = None             # a hub id or local folder
-    device: str = "cpu"
-
-
-@dataclass
-class IterativeSchema(RateSchema):
-    model: Optional[str] = None             # a local causal LM; null = the run's own model
-    segment_tokens: int = 50                # the iteration window
-
-
-@dataclass
-class NullLoggerSchema:
-    _target_: str = MISSING
-
-
-@dataclass
-class WandbSchema(NullLoggerSchema):
-    mode: WandbMode = WandbMode.offline
-    project: str = "memdefrag"
-    group: Optional[str] = None
-    tags: List[str] = field(default_factory=list)
-
-
-@dataclass
+@dataclasses.dataclass
 class RunSchema:
+    """The composed run: the model, one node per plugin group, and the runner's own options."""
+
     model: ModelSchema = MISSING
     method: Any = MISSING
     task: Any = MISSING
@@ -174,7 +100,7 @@ class RunSchema:
     logger: Any = MISSING
     backend: Backend = Backend.fast
     formation: Formation = Formation.shared_sink
-    prompt: Prompt = SI("${model.prompt}")
+    prompt: PromptStyle = SI("${model.prompt}")
     max_new_tokens: int = 32
     threads: Optional[int] = None
     seed: int = 0
@@ -183,27 +109,12 @@ class RunSchema:
     study: Optional[str] = None             # the experiment a run belongs to, where its tables need to know
 
 
-SCHEMAS = {
-    (None, "run_schema"): RunSchema,
-    ("method", "method_schema"): MethodSchema,
-    ("method", "memdefrag_schema"): MemDefragSchema,
-    ("method", "memoryllm_schema"): MemoryLLMSchema,
-    ("task", "retention_schema"): RetentionSchema,
-    ("task", "probe_schema"): ProbeSchema,
-    ("task", "distortion_schema"): DistortionSchema,
-    ("task", "longbench_schema"): LongBenchSchema,
-    ("forgetting", "forgetting_schema"): ForgettingSchema,
-    ("forgetting", "capacity_schema"): CapacitySchema,
-    ("compression", "compression_schema"): CompressionSchema,
-    ("compression", "rate_schema"): RateSchema,
-    ("compression", "llmlingua_schema"): LLMLinguaSchema,
-    ("compression", "iterative_schema"): IterativeSchema,
-    ("logger", "null_logger_schema"): NullLoggerSchema,
-    ("logger", "wandb_schema"): WandbSchema,
-}
-
-
 def register() -> None:
+    """Store the run's schema and, for every YAML file of conf/ with a `_target_`, its plugin's."""
     store = ConfigStore.instance()
-    for (group, name), node in SCHEMAS.items():
-        store.store(group=group, name=name, node=node)
+    store.store(name="run_schema", node=RunSchema)
+    for path in sorted(CONF.glob("*/*.yaml")):
+        target = (yaml.safe_load(path.read_text()) or {}).get("_target_")
+        if target:
+            name, node = plugin_schema(path.parent.name, target)
+            store.store(group=path.parent.name, name=name, node=node)

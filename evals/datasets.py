@@ -8,35 +8,22 @@ and `<name>/unrelated_contexts_from_train.json` (the authors' processed files);
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from evals import synthetic
-from harness.errors import ConfigError
+from evals.qa import QAItem, RetentionData
+from methods.errors import ConfigError, one_of
 
-DATASETS = ("synthetic", "nqa", "squad")
+Dataset = StrEnum("Dataset", ["synthetic", "nqa", "squad"])
 TARGETS_FILE, UNRELATED_FILE = "val_data.json", "unrelated_contexts_from_train.json"
-
-
-@dataclass(frozen=True)
-class QAItem:
-    context: str
-    question: str
-    answer: str
-
-
-@dataclass(frozen=True)
-class RetentionData:
-    targets: list[QAItem]
-    unrelated: list[str]
 
 
 def load(name: str, data_dir: str | None, seed: int = 0) -> RetentionData:
     """The named dataset, or one clear ConfigError naming the bad value."""
     if name == "synthetic":
         return synthetic.generate(seed)
-    if name not in DATASETS:
-        raise ConfigError(f"task.dataset={name!r} is not one of {DATASETS}")
+    one_of("task.dataset", name, Dataset)
     if not data_dir:
         raise ConfigError(f"task.dataset={name!r} needs task.data_dir (a folder holding {name}/{TARGETS_FILE})")
     folder = Path(data_dir) / name

@@ -13,15 +13,18 @@ from __future__ import annotations
 import pandas as pd
 from scipy import stats
 
+from evals.datasets import Dataset
 from evals.retention import Retention
-from harness.models import num_layers
+from methods.attention.decoder import num_layers
 from methods.session import format_prompt
-from methods.attention.tracing import QUERY_MODES, densities
+from methods.attention.tracing import QueryMode, densities
 
 
 class Distortion(Retention):
-    def __init__(self, dataset: str = "nqa", data_dir: str | None = None, groups: int = 20, updates: int = 20,
-                 seed: int = 42, max_context_tokens: int = 512):
+    tables = ("fig:distortion",)
+
+    def __init__(self, dataset: Dataset = "nqa", data_dir: str | None = None, groups: int = 20,
+                 updates: int = 20, seed: int = 42, max_context_tokens: int = 512):
         super().__init__(dataset, data_dir, groups, updates, eval_steps=None, shuffle=False, seed=seed,
                          max_context_tokens=max_context_tokens)
 
@@ -32,7 +35,7 @@ class Distortion(Retention):
         rows = session.trace(session.memory, prompt_ids, layers)
         index = session.memory.ids().index(target_id)
         return {"density": {mode: [float(densities(rows[l], session.memory.spans(), mode)[index]) for l in layers]
-                            for mode in QUERY_MODES}}
+                            for mode in QueryMode}}
 
     def metrics(self, records: list[dict]) -> pd.DataFrame:
         return correlations(records)
@@ -57,7 +60,7 @@ def correlations(records: list[dict]) -> pd.DataFrame:
     """
     accuracy = accuracy_by_step(records)
     rows = []
-    for mode in QUERY_MODES:
+    for mode in QueryMode:
         density = density_by_step(records, mode)
         for layer in density.columns:
             pair = (density[layer].to_numpy(), accuracy.loc[density.index].to_numpy())

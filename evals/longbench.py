@@ -22,6 +22,7 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 
@@ -30,7 +31,7 @@ import pandas as pd
 from evals import synthetic_long
 from evals.metrics import METRICS, AnswerMetrics, BertScore
 from evals.retention import rank_of
-from harness.errors import ConfigError
+from methods.errors import ConfigError, one_of
 from methods.session import format_prompt
 
 log = logging.getLogger(__name__)
@@ -39,10 +40,11 @@ log = logging.getLogger(__name__)
 PAPER_SUBSETS = {"2wikimqa": "passages", "hotpotqa": "passages", "musique": "passages",
                  "multifieldqa_en": "sentences", "narrativeqa": "sentences", "qasper": "sentences"}
 EMBEDDED_SUBSETS = {"fictional_passages": "passages", "fictional_document": "sentences"}
-SUBSETS = {"longbench": PAPER_SUBSETS, "synthetic": EMBEDDED_SUBSETS}
-CHUNKINGS = ("passages", "sentences", "fixed")
-OVERFLOWS = ("skip", "truncate")
-PROMPTS = ("plain", "longbench", "chat")
+SUBSETS = {"synthetic": EMBEDDED_SUBSETS, "longbench": PAPER_SUBSETS}
+LongBenchDataset = StrEnum("LongBenchDataset", list(SUBSETS))
+Chunking = StrEnum("Chunking", ["passages", "sentences", "fixed"])
+Overflow = StrEnum("Overflow", ["skip", "truncate"])      # a context past max_tokens: skipped, or cut in the middle
+Prompt = StrEnum("Prompt", ["plain", "longbench", "chat"])
 AUTHORS_PROMPT = "Question: {input}\nAnswer:"
 PROMPT_FILE, MAXLEN_FILE = "dataset2prompt.json", "dataset2maxlen.json"
 PASSAGE = re.compile(r"Passage\s*:?\s*\d+\s*:")
@@ -199,22 +201,23 @@ class LongBench:
     'longbench' (LongBench's template, its context part held by the memory) or 'chat' (that template's
     question part in the tokenizer's chat template); max_new_tokens: None = dataset2maxlen.json's."""
 
-    def __init__(self, dataset: str = "synthetic", data_dir: str | None = None, hub_id: str | None = None,
-                 subsets: list[str] | None = None, groups: int | None = None, max_tokens: int = 16_384,
-                 overflow: str = "skip", chunking: str | None = None, chunk_tokens: int = 256,
-                 prompt: str = "plain", max_new_tokens: int | None = None, seed: int = 42,
+    tables = ("tab:longbench",)
+    def __init__(self, dataset: LongBenchDataset = "synthetic", data_dir: str | None = None,
+                 hub_id: str | None = None, subsets: list[str] | None = None, groups: int | None = None,
+                 max_tokens: int = 16_384, overflow: Overflow = "skip", chunking: Chunking | None = None,
+                 chunk_tokens: int = 256,
+                 prompt: Prompt = "plain", max_new_tokens: int | None = None, seed: int = 42,
                  bertscore_model: str = "minilm", bertscore_layers: int | None = None, bertscore_rescale: bool = False):
-        if dataset not in SUBSETS:
-            raise ConfigError(f"task.dataset={dataset!r} is not one of {tuple(SUBSETS)}")
+        one_of("task.dataset", dataset, LongBenchDataset)
         known = SUBSETS[dataset]
         unknown = [s for s in subsets or [] if s not in known]
         if unknown or subsets == []:
             raise ConfigError(f"task.subsets={list(subsets)} must name some of {list(known)} (dataset={dataset}), "
                               "or be null for all")
-        for key, value, allowed in (("overflow", overflow, OVERFLOWS), ("prompt", prompt, PROMPTS),
-                                    ("chunking", chunking, (None, *CHUNKINGS))):
-            if value not in allowed:
-                raise ConfigError(f"task.{key}={value!r} is not one of {[a for a in allowed if a]}")
+        one_of("task.overflow", overflow, Overflow)
+        one_of("task.prompt", prompt, Prompt)
+        if chunking is not None:
+            one_of("task.chunking", chunking, Chunking)
         for key, value in (("groups", groups), ("max_tokens", max_tokens), ("chunk_tokens", chunk_tokens),
                            ("max_new_tokens", max_new_tokens)):
             if value is not None and value < 1:

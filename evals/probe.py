@@ -14,11 +14,12 @@ from collections.abc import Iterable, Iterator
 
 import pandas as pd
 
+from evals.datasets import Dataset
 from evals.retention import Group, Retention
-from harness.errors import ConfigError
-from harness.models import num_layers
+from methods.errors import ConfigError
+from methods.attention.decoder import num_layers
 from methods.session import format_prompt
-from methods.attention.tracing import QUERY_MODES, densities, ranks
+from methods.attention.tracing import QueryMode, densities, ranks
 
 TOP = (1, 2, 3, 4, 5)
 
@@ -35,8 +36,9 @@ class Probe:
     on CPU) that still covers every position evenly over many groups; layers: 'all', 'band'
     (floor(L/3)..ceil(L/2)) or a list; the rest as in the retention task."""
 
-    def __init__(self, dataset: str = "nqa", data_dir: str | None = None, groups: int = 50, fragments: int = 20,
-                 positions: list[int] | None = None, one_position_per_group: bool = False,
+    tables = ("tab:retrieval_layers",)
+    def __init__(self, dataset: Dataset = "nqa", data_dir: str | None = None, groups: int = 50,
+                 fragments: int = 20, positions: list[int] | None = None, one_position_per_group: bool = False,
                  layers: str | list[int] = "all", seed: int = 42, max_context_tokens: int = 512):
         if isinstance(layers, str):
             allowed = layers in ("all", "band")
@@ -91,7 +93,7 @@ class Probe:
                 "memory_tokens": view.n_tokens, "memory": "latent" if session.method.needs_latent else "text",
                 "layers": layers,
                 "ranks": {mode: [int(ranks(densities(rows[layer], view.spans(), mode))[index]) for layer in layers]
-                          for mode in QUERY_MODES},
+                          for mode in QueryMode},
                 "seconds": {"trace": time.perf_counter() - start},
             }
 
@@ -112,7 +114,7 @@ class Probe:
 def tracing_table(records: list[dict]) -> pd.DataFrame:
     """Per query mode and layer: mean rank of the target and Top-k tracing accuracy (%), best first."""
     rows = []
-    for mode in QUERY_MODES:
+    for mode in QueryMode:
         per_layer = pd.DataFrame([r["ranks"][mode] for r in records],      # probes x layers
                                  columns=records[0].get("layers", range(len(records[0]["ranks"][mode]))))
         for layer in per_layer.columns:

@@ -15,14 +15,15 @@ from dataclasses import dataclass
 import torch
 
 from evals import datasets
-from harness.errors import ConfigError
+from evals.qa import QAItem
+from methods.errors import ConfigError
 from methods.attention.tracing import ranks
 
 
 @dataclass(frozen=True)
 class Group:
     index: int
-    target: datasets.QAItem
+    target: QAItem
     distractors: tuple[str, ...]
 
     def texts(self) -> list[str]:
@@ -38,7 +39,8 @@ class Retention:
     """targets: items whose context fits `max_context_tokens` (seeded shuffle, first `groups`);
     distractors are cut to `max_context_tokens` tokens."""
 
-    def __init__(self, dataset: str = "synthetic", data_dir: str | None = None, groups: int = 20,
+    tables = ("tab:retention", "tab:retention_comparison", "tab:forgetting_rank", "tab:forgetting_seconds")
+    def __init__(self, dataset: datasets.Dataset = "synthetic", data_dir: str | None = None, groups: int = 20,
                  updates: int = 20, eval_steps: list[int] | None = None, shuffle: bool = True,
                  seed: int = 42, max_context_tokens: int = 512):
         if groups < 1 or updates < 1:

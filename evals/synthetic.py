@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import random
 
+from evals.qa import QAItem, RetentionData
+
 ONSETS = ["b", "br", "d", "dr", "f", "g", "gr", "k", "l", "m", "n", "p", "qu", "r", "s", "t", "th", "v", "z"]
 VOWELS = ["a", "e", "i", "o", "u", "ae", "io", "ou"]
 CODAS = ["", "n", "r", "l", "s", "th", "m", "x", "nd", "rk"]
@@ -64,8 +66,6 @@ def paragraph(p: dict[str, str], rng: random.Random) -> str:
 
 def generate(seed: int = 0):
     """RetentionData with N_TARGETS targets and N_UNRELATED distractor paragraphs."""
-    from evals.datasets import QAItem, RetentionData
-
     rng, used = random.Random(f"memdefrag-synthetic-{seed}"), set()
     targets = []
     for _ in range(N_TARGETS):

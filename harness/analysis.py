@@ -15,8 +15,9 @@ from evals.distortion import accuracy_by_step, correlations, density_by_step
 from evals.probe import tracing_table
 from harness.errors import OneLineParser
 from harness.figures import accuracy_and_density, correlation_bars, density_heatmap
+from harness.plugins import declared_tables
 from harness.results import read_jsonl
-from methods.attention.tracing import QUERY_MODES
+from methods.attention.tracing import QueryMode
 
 
 def write_analysis(folder: str | Path, records: list[dict]) -> list[Path]:
@@ -24,17 +25,18 @@ def write_analysis(folder: str | Path, records: list[dict]) -> list[Path]:
     returns what was written."""
     folder = Path(folder)
     target = OmegaConf.load(folder / "config.yaml").task._target_
-    if target.endswith("Probe"):
+    tables = declared_tables(target)
+    if "tab:retrieval_layers" in tables:
         out = folder / "tracing.md"
         out.write_text(tracing_table(records).to_markdown(index=False, floatfmt=".2f") + "\n")
         return [out]
-    if not target.endswith("Distortion"):
+    if "fig:distortion" not in tables:
         raise ValueError(f"{folder} is a {target} run; analysis figures exist for probe and distortion runs")
     table = correlations(records)
     written = [folder / "correlations.md"]
     written[0].write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
     accuracy = accuracy_by_step(records)
-    for mode in QUERY_MODES:
+    for mode in QueryMode:
         density = density_by_step(records, mode)
         rows = table[table.query_mode == mode]
         best = int(rows.iloc[0]["layer"])

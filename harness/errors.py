@@ -1,12 +1,10 @@
-"""The one error type for bad input: raised before work starts, printed as one line."""
+"""Bad input at the command: a ConfigError (methods.errors) or a bad argument ends it with one line."""
 
 import argparse
 import sys
 from contextlib import contextmanager
 
-
-class ConfigError(ValueError):
-    """A configuration or input value that is not allowed; the message names it and what is."""
+from methods.errors import ConfigError
 
 
 @contextmanager

@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import os
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import torch
@@ -24,25 +25,29 @@ import methods.memoryllm.checkpoint  # noqa: F401 - registers model_type memoryl
 from harness import cache
 from harness.errors import ConfigError
 from methods.attention import decoder
+from methods.attention.tracing import QueryMode
+from methods.errors import one_of
+from methods.session import PromptStyle
 from methods.sources import unavailable
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+Dtype = StrEnum("Dtype", list(DTYPES))
 
 
 @dataclass
 class ModelSpec:
-    """What conf/model/*.yaml says about a model."""
+    """What conf/model/*.yaml says about a model; also the schema Hydra checks them against (conf/schema.py)."""
 
     name: str
     source: str
     gguf_file: str | None = None
-    dtype: str = "float32"
+    dtype: Dtype = "float32"
     device: str = "auto"
     device_map: str | None = None
     tracer_layer: int | None = None
-    query_mode: str = "last"
+    query_mode: QueryMode | None = "last"
     memory_capacity: int | None = None
-    prompt: str = "chat"
+    prompt: PromptStyle = "chat"
     trust_remote_code: bool = False
 
     @classmethod
@@ -149,8 +154,7 @@ def _loading_error(spec: ModelSpec, err: Exception) -> ConfigError:
 def check_source(spec: ModelSpec):
     """(model config, tokenizer), or one clear error naming the model, before any weights load or convert:
     the source must be readable and its decoder one whose layers can be latent memory."""
-    if spec.dtype not in DTYPES:
-        raise ConfigError(f"model.dtype={spec.dtype!r} is not one of {sorted(DTYPES)}")
+    one_of("model.dtype", spec.dtype, Dtype)
     check_device(spec.device)
     check_device_map(spec.device_map)
     source, gguf_file, _ = _where(spec)
@@ -254,7 +258,3 @@ def load(spec: ModelSpec):
         model.to(pick_device(spec.device))
     grouped_sdpa_on_cpu(model.device)
     return model, _config_and_tokenizer(source, gguf_file, spec.trust_remote_code)[1]
-
-
-def num_layers(config) -> int:
-    return config.get_text_config().num_hidden_layers

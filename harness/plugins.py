@@ -1,8 +1,11 @@
-"""Plugins from config: a `_target_` node instantiated, its bad values turned into ConfigErrors."""
+"""Plugins from config: a `_target_` node instantiated, its bad values turned into ConfigErrors; what a
+task plugin declares about its results."""
 
 from __future__ import annotations
 
-from hydra.utils import instantiate
+import functools
+
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from harness.errors import ConfigError
@@ -19,3 +22,13 @@ def build(node: DictConfig, what: str, **kwargs):
         if isinstance(cause, (ValueError, TypeError)):
             raise ConfigError(f"{what}: {cause}") from None
         raise
+
+
+@functools.cache
+def declared_tables(task: str) -> tuple[str, ...]:
+    """The report tables a task class declares its runs make (`tables`); none where the class cannot be
+    imported here (a plugin not installed)."""
+    try:
+        return tuple(getattr(get_class(task), "tables", ()))
+    except (ImportError, ValueError):
+        return ()

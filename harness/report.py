@@ -20,6 +20,7 @@ from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
 from harness.errors import ConfigError, OneLineParser
 from harness.figures import accuracy_curves
+from harness.plugins import declared_tables
 from harness.results import read_config, read_jsonl, read_run_info
 from harness.tracer_layers import recorded, tracers_file
 from harness.summary import accuracy_table, records_of, run_folders, run_labels
@@ -36,8 +37,9 @@ class Run:
     info: dict
 
     @property
-    def task(self) -> str:
-        return self.config["task"]["_target_"].rsplit(".", 1)[-1]
+    def tables(self) -> tuple[str, ...]:
+        """The tables its task declares it makes."""
+        return declared_tables(self.config["task"]["_target_"])
 
     @property
     def model(self) -> str:
@@ -92,7 +94,8 @@ def runs_under(root: Path) -> list[Run]:
 
 def retention_section(root, runs, label, title, bounded, figures, model: str | None = None) -> Section:
     """model: only that model's runs (None: any)."""
-    chosen = [r for r in runs if r.task == "Retention" and model in (None, r.model)
+    table = "tab:retention_comparison" if bounded else "tab:retention"
+    chosen = [r for r in runs if table in r.tables and model in (None, r.model)
               and ((r.bounded == bounded and not r.study) or (bounded and r.baseline))]
     if not chosen:
         need = "memdefrag experiment=retention_comparison (results/run_forgetting.sh)" if bounded else \
@@ -172,7 +175,7 @@ def memoryllm_sections(root, runs, figures) -> list[Section]:
 def bounded_step_section(runs, label: str, title: str, value: str) -> Section:
     """A per-step table of the forgetting runs: mean `value` per question ('seconds': the update's
     formation and forgetting plus the question's phases)."""
-    chosen = [r for r in runs if r.task == "Retention" and r.bounded and not r.study]
+    chosen = [r for r in runs if label in r.tables and r.bounded and not r.study]
     if not chosen:
         return Section(label, title, missing="no runs yet: memdefrag experiment=forgetting_ablation")
     records = records_of([r.folder for r in chosen])
@@ -183,7 +186,7 @@ def bounded_step_section(runs, label: str, title: str, value: str) -> Section:
 
 def probe_section(root, runs) -> Section:
     label, title = "tab:retrieval_layers", "Tracing per layer: mean rank of the target, Top-k tracing accuracy (%)"
-    chosen = [r for r in runs if r.task == "Probe"]
+    chosen = [r for r in runs if label in r.tables]
     if not chosen:
         return Section(label, title, missing="no runs yet: memdefrag experiment=probe")
     frames, links = [], []
@@ -218,7 +221,7 @@ def distortion_section(root, runs) -> Section:
     """Per run (latent or text memory): accuracy per step, the best-correlated layers, and the
     figures of harness.analysis, written beside the run's files."""
     label, title = "fig:distortion", "Positional distortion: accuracy and target density over updates, and their correlation"
-    chosen = [r for r in runs if r.task == "Distortion"]
+    chosen = [r for r in runs if label in r.tables]
     if not chosen:
         return Section(label, title, missing="no runs yet: memdefrag experiment=distortion")
     parts = []
@@ -292,7 +295,7 @@ def longbench_section(root, runs, model: str) -> Section:
     label = "tab:longbench" + ("" if model == DEFAULT_MODEL else f"_{model}")
     title = "LongBench: string match, F1, ROUGE-L, BERTScore (x100), mean rank of the answer's chunk" + \
         ("" if model == DEFAULT_MODEL else f" ({model})")
-    chosen = sorted((r for r in runs if r.task == "LongBench" and r.model == model), key=baselines_first)
+    chosen = sorted((r for r in runs if "tab:longbench" in r.tables and r.model == model), key=baselines_first)
     if not chosen:
         return Section(label, title, missing="no runs yet: memdefrag experiment=longbench")
     records = [{**record, "run": run_label} for run, run_label in zip(chosen, run_labels([r.config for r in chosen]))
@@ -340,7 +343,7 @@ def build(root: Path) -> list[Section]:
                           "(unbounded memory)", False, figures, DEFAULT_MODEL),
         *(retention_section(root, runs, f"tab:retention_{model}", f"Knowledge retention on {model}, accuracy (%) "
                             "per update step (unbounded memory)", False, figures, model)
-          for model in sorted({r.model for r in runs if r.task == "Retention"} - {DEFAULT_MODEL})),
+          for model in sorted({r.model for r in runs if "tab:retention" in r.tables} - {DEFAULT_MODEL})),
         retention_section(root, runs, "tab:retention_comparison", "Knowledge retention with forgetting, "
                           "accuracy (%) at steps 10..50", True, figures),
         # Where accuracy sits at the floor (a small model on NaturalQA/SQuAD) the target's rank still
@@ -351,7 +354,7 @@ def build(root: Path) -> list[Section]:
                              "step (that update's formation and forgetting, the question's trace and answer)",
                              "seconds"),
         *(longbench_section(root, runs, model)
-          for model in [DEFAULT_MODEL, *sorted({r.model for r in runs if r.task == "LongBench"} - {DEFAULT_MODEL})]),
+          for model in [DEFAULT_MODEL, *sorted({r.model for r in runs if "tab:longbench" in r.tables} - {DEFAULT_MODEL})]),
         *compression_section(root, runs, figures),
         *memoryllm_sections(root, runs, figures),
         probe_section(root, runs),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from enum import StrEnum
 from pathlib import Path
 
 import torch
@@ -14,9 +15,10 @@ from tqdm import tqdm
 
 from harness import selfcheck, shards
 from harness.errors import ConfigError
-from harness.models import ModelSpec, check_source, load, num_layers
+from harness.models import ModelSpec, check_source, load
 from harness.plugins import build
 from harness.results import ResultFolder, metrics_table, peak_memory_mb, reset_peak_memory
+from methods.attention.decoder import num_layers
 from methods.forgetting import CapacityError
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
@@ -24,6 +26,7 @@ from methods.session import Session, format_prompt
 
 log = logging.getLogger(__name__)
 BACKENDS = {"fast": KVPrefixBackend, "hidden_prefix": HiddenPrefixBackend}
+Backend = StrEnum("Backend", list(BACKENDS))
 _FORMED: dict[tuple, dict] = {}
 
 

@@ -11,13 +11,17 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+from enum import StrEnum
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 RUN_ID_FILE = "wandb_run_id"
+WandbMode = StrEnum("WandbMode", ["offline", "online", "disabled"])   # offline: sync later with `wandb sync`
 
 
 class NullLogger:
+    """Logs nothing (logger=none): the results are on disk either way."""
+
     def __init__(self, **_):
         pass
 
@@ -39,8 +43,8 @@ class WandbLogger:
     group/tags: null/[] take the sweep's folder name and the run's own labels (given by the runner).
     """
 
-    def __init__(self, run_dir: str, run_config: dict, mode: str = "offline", project: str = "memdefrag",
-                 group: str | None = None, tags: list[str] | None = None, default_group: str | None = None,
+    def __init__(self, mode: WandbMode = "offline", project: str = "memdefrag", group: str | None = None,
+                 tags: list[str] | None = None, *, run_dir: str, run_config: dict, default_group: str | None = None,
                  default_tags: list[str] | None = None):
         self.run_dir, self.run_config, self.mode = Path(run_dir), run_config, mode
         self.project, self.group = project, group or default_group

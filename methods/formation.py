@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
+from enum import StrEnum
 
 import torch
 from transformers import DynamicCache
@@ -21,8 +22,9 @@ from transformers import DynamicCache
 from methods.memory import Fragment, LatentMemory
 from methods.attention.decoder import hooked, layers
 from methods.attention.positions import Rotary, watching_rotary
+from methods.errors import one_of
 
-FORMATIONS = ("reference", "shared_sink")
+Formation = StrEnum("Formation", ["shared_sink", "reference"])   # see the module docstring
 
 
 def sink_token_id(tokenizer) -> int:
@@ -61,10 +63,9 @@ class Former:
     even when neither is kept (text memory under informativeness forgetting).
     """
 
-    def __init__(self, model, tokenizer, formation: str = "shared_sink", keep_kv: bool = True,
+    def __init__(self, model, tokenizer, formation: Formation = "shared_sink", keep_kv: bool = True,
                  keep_states: bool = False, reuse: dict | None = None, keep_self_info: bool = False):
-        if formation not in FORMATIONS:
-            raise ValueError(f"formation={formation!r} is not one of {FORMATIONS}")
+        one_of("formation", formation, Formation)
         self.model, self.tokenizer, self.formation = model, tokenizer, formation
         self.keep_kv, self.keep_states, self.keep_self_info = keep_kv, keep_states, keep_self_info
         self._next_id = 0

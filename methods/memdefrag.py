@@ -7,7 +7,8 @@ import torch
 
 from methods.base import Method, Plan
 from methods.generation import clock
-from methods.attention.tracing import QUERY_MODES, densities
+from methods.attention.tracing import QueryMode, densities
+from methods.errors import one_of
 
 
 def defragment(density: torch.Tensor, k: int | None) -> list[int]:
@@ -20,11 +21,11 @@ class MemDefrag(Method):
     """k: an integer >= 1, or 'all' (reorder only); tracer_layer: 0-based decoder index;
     query_mode: 'last' or 'mean' prompt tokens (None for either: the model has none recorded)."""
 
-    def __init__(self, k: int | str = 2, tracer_layer: int | None = 0, query_mode: str | None = "last"):
+    def __init__(self, k: int | str = 2, tracer_layer: int | None = 0, query_mode: QueryMode | None = "last"):
         if k != "all" and (not isinstance(k, int) or isinstance(k, bool) or k <= 0):
             raise ValueError(f"method.k={k!r} is not allowed: use an integer >= 1 or 'all'")
-        if query_mode is not None and query_mode not in QUERY_MODES:
-            raise ValueError(f"method.query_mode={query_mode!r} is not one of {QUERY_MODES}")
+        if query_mode is not None:
+            one_of("method.query_mode", query_mode, QueryMode)
         self.k = None if k == "all" else k
         self.tracer_layer, self.query_mode = tracer_layer, query_mode
 

@@ -6,18 +6,19 @@ This is the shared machinery every method uses; methods only choose the Plan.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import torch
 
 from methods.base import Method
-from methods.compression.compressor import Compressor, NoCompression
+from methods.compression.compressor import Compression, NoCompression
 from methods.forgetting import Forgetting, NoForgetting
 from methods.formation import Former
 from methods.generation import clock, greedy, stop_ids
 from methods.memory import LatentMemory
 from methods.backends.text_prefix import TextPrefix
 
-PROMPT_STYLES = ("plain", "chat", "raw")
+PromptStyle = StrEnum("PromptStyle", ["chat", "plain"])   # what a run asks for; a task may also word its own (raw)
 
 
 def format_prompt(tokenizer, question: str, style: str) -> torch.Tensor:
@@ -33,7 +34,7 @@ def format_prompt(tokenizer, question: str, style: str) -> torch.Tensor:
         text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
                                              add_generation_prompt=True)
     else:
-        raise ValueError(f"prompt={style!r} is not one of {PROMPT_STYLES}")
+        raise ValueError(f"prompt={style!r} is not one of {[*map(str, PromptStyle), 'raw']}")
     return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
 
 
@@ -49,7 +50,7 @@ class Answer:
 class Session:
     def __init__(self, model, tokenizer, backend, method: Method, formation: str, prompt: str,
                  max_new_tokens: int = 32, reuse: dict | None = None,
-                 forgetting: Forgetting | NoForgetting | None = None, compressor: Compressor | None = None):
+                 forgetting: Forgetting | NoForgetting | None = None, compressor: Compression | None = None):
         self.model, self.tokenizer, self.backend, self.method = model, tokenizer, backend, method
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
         self.compressor = compressor or NoCompression()

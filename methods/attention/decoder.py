@@ -24,6 +24,11 @@ class DecoderError(ValueError):
     """A decoder whose layers cannot be latent memory (or whose stack cannot be found)."""
 
 
+def num_layers(config) -> int:
+    """How many decoder layers a model's config declares (its text decoder's, for a multimodal config)."""
+    return config.get_text_config().num_hidden_layers
+
+
 def layer_types(config) -> list[str]:
     """Each decoder layer's cache type as transformers assigns it (full/sliding/chunked attention,
     linear_attention, conv, hybrid, dummy for a layer reading another layer's keys and values)."""

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
+from enum import StrEnum
 
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from methods.attention.decoder import attentions, hooked
+from methods.errors import one_of
 
-QUERY_MODES = ("last", "mean")
+QueryMode = StrEnum("QueryMode", ["last", "mean"])   # the prompt tokens a density is read from
 
 
 class StopForward(Exception):
@@ -175,8 +177,7 @@ def densities(rows: torch.Tensor, spans: list[tuple[int, int]], query_mode: str)
     spans: [start, end) memory positions per fragment (the sink at 0 is excluded).
     query_mode: 'last' (the prompt's last token) or 'mean' (all prompt tokens, App. B.2).
     """
-    if query_mode not in QUERY_MODES:
-        raise ValueError(f"query_mode={query_mode!r} is not one of {QUERY_MODES}")
+    one_of("query_mode", query_mode, QueryMode)
     a = rows[-1] if query_mode == "last" else rows.mean(dim=0)
     return torch.stack([a[s:e].mean() if e > s else a.new_zeros(()) for s, e in spans])   # empty: none
 

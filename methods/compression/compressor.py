@@ -14,15 +14,12 @@ def kept_count(tokens: int, rate: float) -> int:
     return max(1, min(tokens, round(tokens * rate)))
 
 
-class Compressor:
-    """rate: the share of a fragment's tokens to keep, in (0, 1]."""
+class Compression:
+    """The plugin kind: a fragment's text in, the ids to form out (once per text); it has no options."""
 
-    label = "none"
+    label, rate = "none", 1.0
 
-    def __init__(self, rate: float = 1.0):
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1:
-            raise ValueError(f"compression.rate={rate!r} must lie in (0, 1] (the share of tokens kept)")
-        self.rate = float(rate)
+    def __init__(self):
         self._kept: dict[str, list[int] | None] = {}
 
     def __call__(self, text: str, model, tokenizer) -> list[int] | None:
@@ -43,6 +40,16 @@ class Compressor:
         raise NotImplementedError
 
 
-class NoCompression(Compressor):
+class NoCompression(Compression):
     def compress(self, text, model, tokenizer):
         return None
+
+
+class Compressor(Compression):
+    """A compression that keeps a share of each fragment's tokens. rate: that share, in (0, 1]."""
+
+    def __init__(self, rate: float = 1.0):
+        super().__init__()
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1:
+            raise ValueError(f"compression.rate={rate!r} must lie in (0, 1] (the share of tokens kept)")
+        self.rate = float(rate)
