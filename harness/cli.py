@@ -10,7 +10,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import conf  # noqa: F401 - registers the typed schemas the configs extend
-from harness import compare, report, shards, tracer_layers
+from harness import collect, compare, report, shards, tracer_layers
 from harness.errors import OneLineParser, stops_on_config_error
 from harness.jobs import check_jobs
 from harness.runner import run
@@ -60,6 +60,9 @@ def main() -> None:
     elif command == "report":
         with stops_on_config_error("memdefrag report"):
             report.main(sys.argv[2:])
+    elif command == "collect":
+        with stops_on_config_error("memdefrag collect"):
+            collect.main(sys.argv[2:])
     elif command == "tracer-sweep":
         del sys.argv[1]
         with stops_on_config_error("memdefrag tracer-sweep"):

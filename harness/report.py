@@ -94,12 +94,11 @@ def runs_under(root: Path) -> list[Run]:
 
 def retention_section(root, runs, label, title, bounded, figures, model: str | None = None) -> Section:
     """model: only that model's runs (None: any)."""
-    table = "tab:retention_comparison" if bounded else "tab:retention"
-    chosen = [r for r in runs if table in r.tables and model in (None, r.model)
+    kind = "tab:retention_comparison" if bounded else "tab:retention"
+    chosen = [r for r in runs if kind in r.tables and model in (None, r.model)
               and ((r.bounded == bounded and not r.study) or (bounded and r.baseline))]
     if not chosen:
-        need = "memdefrag experiment=retention_comparison (results/run_forgetting.sh)" if bounded else \
-            "results/run_accuracy.sh"
+        need = "memdefrag experiment=retention_comparison" if bounded else "memdefrag experiment=accuracy"
         return Section(label, title, missing=f"no runs yet: {need}")
     table = accuracy_table(records_of([r.folder for r in chosen]))
     figure = figures / f"{label.split(':')[1]}.png"

@@ -58,7 +58,7 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     readme = write(tmp_path).read_text()
     assert "_no runs yet: memdefrag experiment=longbench_" not in readme
     assert readme.startswith("# Our results\n\nHow they were made.")
-    assert "_no runs yet: results/run_accuracy.sh_" in readme                       # tab:retention
+    assert "_no runs yet: memdefrag experiment=accuracy_" in readme                       # tab:retention
     assert "memdefrag_top2+informativeness" in readme                               # tab:retention_comparison
     assert re.search(r"\| nqa +\| 10 +\| +100 \|", readme)
     assert re.search(r"\| nqa +\| 20 +\| +2.25 \|", readme.split("tab:forgetting_rank")[1])

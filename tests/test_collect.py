@@ -1,0 +1,46 @@
+"""`memdefrag collect`: runs copied under the labels their tables print, the report rebuilt, another run's
+results never overwritten."""
+
+import subprocess
+import sys
+
+import pytest
+
+from harness.collect import collect
+from harness.errors import ConfigError
+from tests.test_report import fake_run
+
+STEPS = [{"group": 0, "step": s, "correct": s == 1, "target_rank": 1, "seconds": {"formation": 0.5}} for s in (1, 5)]
+
+
+def test_runs_land_under_their_table_labels_and_the_report_is_rebuilt(tmp_path):
+    sweep = tmp_path / "sweep"
+    fake_run(sweep / "0", "Retention", "vanilla", STEPS, dataset="nqa")
+    fake_run(sweep / "1", "Retention", "memdefrag_top2", STEPS, "informativeness", dataset="nqa")
+    fake_run(sweep / "2", "Retention", "memdefrag_top2", STEPS, "informativeness", dataset="squad",
+             compression={"label": "self_information", "rate": 0.5})
+    results = tmp_path / "results"
+    out = subprocess.run([sys.executable, "-m", "harness", "collect", str(sweep), "retention", "--into",
+                          str(results)], capture_output=True, text=True, check=True).stdout
+    assert sorted(p.relative_to(results / "retention").as_posix() for p in (results / "retention").glob("*/*")) == [
+        "nqa/memdefrag_top2+informativeness", "nqa/vanilla", "squad/memdefrag_top2+informativeness+self_information@0.5"]
+    assert (results / "retention" / "nqa" / "vanilla" / "predictions.jsonl").read_text() == \
+        (sweep / "0" / "predictions.jsonl").read_text()
+    assert "collected: " in out and (results / "README.md").is_file()
+
+
+def test_a_place_taken_by_other_settings_is_refused_before_anything_is_copied(tmp_path):
+    fake_run(tmp_path / "old" / "0", "Retention", "vanilla", STEPS, dataset="nqa")
+    collect(tmp_path / "old", "retention", tmp_path / "results")
+    fake_run(tmp_path / "new" / "0", "Retention", "vanilla", STEPS, dataset="nqa", study="other")
+    fake_run(tmp_path / "new" / "1", "Retention", "none", STEPS, dataset="nqa")
+    with pytest.raises(ConfigError, match="holds a run with other settings"):
+        collect(tmp_path / "new", "retention", tmp_path / "results")
+    assert not (tmp_path / "results" / "retention" / "nqa" / "none").exists()
+    collect(tmp_path / "old", "retention", tmp_path / "results")          # the same run again: refreshed
+
+
+def test_nothing_to_collect_is_one_clear_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "harness", "collect", str(tmp_path), "retention"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "holds no run" in done.stderr
