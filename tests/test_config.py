@@ -97,3 +97,29 @@ def test_a_multirun_expands_into_the_jobs_hydras_basic_sweeper_runs(overrides):
     parser = OverridesParser.create()
     sweeper = [job for batch in BasicSweeper.split_arguments(parser.parse_overrides(overrides), None) for job in batch]
     assert expanded(parser.parse_overrides(overrides)) == sweeper
+
+
+def test_each_plugin_yaml_extends_its_derived_schema_and_sets_every_option():
+    """An option is declared once, in the plugin's constructor; each YAML composes to a node of the schema
+    derived from it and gives every option a value, so the two cannot drift apart."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from conf.schema import plugin_schema
+
+    checked = 0
+    for path in sorted(CONF.glob("*/*.yaml")):
+        group = path.parent.name
+        if group in ("model", "experiment", "launcher"):
+            continue
+        node = composed(f"{group}={path.stem}")[group]
+        _, schema = plugin_schema(group, node._target_)
+        assert OmegaConf.get_type(node).__name__ == schema.__name__, path
+        assert set(OmegaConf.to_container(node)) == {f.name for f in dataclasses.fields(schema)}, path
+        assert "???" not in OmegaConf.to_yaml(node), f"{path} leaves an option without a value"
+        written = OmegaConf.load(path)
+        if any(str(d).endswith("_schema") for d in written.get("defaults", [])):     # it extends the schema itself
+            assert set(written) - {"defaults"} == set(node), f"{path} must give every option its default"
+        checked += 1
+    assert checked >= 20

@@ -28,6 +28,7 @@ from methods.memdefrag import MemDefrag
 from methods.memory import Fragment
 from methods.memoryllm.checkpoint import MemoryLLMConfig, MemoryLLMForCausalLM
 from methods.attention.decoder import embeddings, hooked, layers
+from methods.attention.tracing import QueryMode
 from methods.memoryllm.slots import SlotMemory
 
 
@@ -137,7 +138,8 @@ class MemoryLLM(Method):
     long_term = False           # M+'s: a checkpoint with a long-term memory (num_ltm_blocks)
     kind, other_kind = "memoryllm", ("mplus", "M+")        # the method's name; the other's, for a wrong checkpoint
 
-    def __init__(self, defragment: bool = False, tracer_layer: int = 13, query_mode: str = "last", seed: int = 0):
+    def __init__(self, defragment: bool = False, tracer_layer: int | None = 13, query_mode: QueryMode | None = "last",
+                 seed: int = 0):
         self.defragment, self.seed = defragment, seed
         self.tracer = MemDefrag("all", tracer_layer, query_mode)
         self.generator = torch.Generator().manual_seed(seed)
