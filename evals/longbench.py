@@ -202,6 +202,7 @@ class LongBench:
     question part in the tokenizer's chat template); max_new_tokens: None = dataset2maxlen.json's."""
 
     tables = ("tab:longbench",)
+    marks_targets = True                  # the chunks holding a gold answer
     def __init__(self, dataset: LongBenchDataset = "synthetic", data_dir: str | None = None,
                  hub_id: str | None = None, subsets: list[str] | None = None, groups: int | None = None,
                  max_tokens: int = 16_384, overflow: Overflow = "skip", chunking: Chunking | None = None,
@@ -331,10 +332,10 @@ class LongBench:
             ids.append(session.store(text))
             for phase, seconds in session.update_seconds.items():
                 updates[phase] = updates.get(phase, 0.0) + seconds
-        text, style = self.question(item)
-        answer = session.ask(text, prompt=style, max_new_tokens=self.answer_lengths[item.subset])
         holding = [fid for fid, chunk_text in zip(ids, item.chunks)
                    if any(a.strip().lower() in chunk_text.lower() for a in item.answers)]
+        text, style = self.question(item)
+        answer = session.ask(text, prompt=style, max_new_tokens=self.answer_lengths[item.subset], targets=holding)
         target_ranks = [r for r in (rank_of(fid, answer.densities) for fid in holding) if r is not None]
         yield {
             "group": item.index, "subset": item.subset, "id": item.id, "question": item.question,

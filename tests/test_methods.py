@@ -3,13 +3,12 @@
 import pytest
 import torch
 
-from methods.backends.kv_prefix import KVPrefixBackend
-from methods.memdefrag import MemDefrag, defragment
-from methods.baselines import NoMemory
-from methods.session import Session
-from methods.baselines import TextMemory
 from methods.attention.tracing import ranks
-from methods.baselines import Vanilla
+from methods.backends.kv_prefix import KVPrefixBackend
+from methods.baselines import NoMemory, TextMemory, Vanilla
+from methods.memdefrag import MemDefrag
+from methods.selection.arrange import defragment
+from methods.session import Session
 
 
 def test_defragment_puts_the_densest_last_and_keeps_top_k():

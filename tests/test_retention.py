@@ -93,7 +93,7 @@ class RecordingSession:
     def shuffle(self, generator):
         self.calls.append(("shuffle",))
 
-    def ask(self, question):
+    def ask(self, question, targets=()):
         from methods.session import Answer
         self.calls.append(("ask", question))
         return Answer("it is A0", 1, {0: 0.1, 1: 0.9}, {"plan": 0.0, "prefill": 0.0, "decode": 0.0})

@@ -22,7 +22,7 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
-from methods.base import Method, Plan
+from methods.base import Method, Plan, Question
 from methods.backends.hidden_prefix import edited_layer_inputs, stored_prefix
 from methods.memdefrag import MemDefrag
 from methods.memory import Fragment
@@ -166,5 +166,5 @@ class MemoryLLM(Method):
     def writer(self, model, tokenizer) -> PoolWriter:
         return PoolWriter(model, tokenizer, self.generator)
 
-    def plan(self, memory, prompt_ids, backend) -> Plan:
+    def plan(self, memory, prompt_ids, backend, question=Question()) -> Plan:
         return self.tracer.plan(memory, prompt_ids, backend) if self.defragment else Plan(latent=memory)

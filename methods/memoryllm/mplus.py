@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from methods.base import Plan
+from methods.base import Plan, Question
 from methods.generation import clock
 from methods.backends.hidden_prefix import edited_layer_inputs
 from methods.memoryllm.memoryllm import MemoryLLM, PoolWriter
@@ -187,7 +187,7 @@ class MPlus(MemoryLLM):
             raise ValueError("method mplus: this checkpoint has an empty long-term memory (ltm_initial_size 0); "
                              "M+ retrieves from one at every question")
 
-    def plan(self, memory, prompt_ids, backend) -> Plan:
+    def plan(self, memory, prompt_ids, backend, question=Question()) -> Plan:
         start = clock(backend.model.device)
         view = retrieval_view(backend.model, memory, prompt_ids)
         seconds = {"retrieve": clock(backend.model.device) - start}
