@@ -19,7 +19,7 @@ from evals.longbench import longbench_table
 from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
 from harness.errors import ConfigError, OneLineParser
-from harness.figures import accuracy_curves
+from harness.figures import accuracy_against_time, accuracy_curves
 from harness.plugins import declared_tables
 from harness.results import read_config, read_jsonl, read_run_info
 from harness.tracer_layers import recorded, tracers_file
@@ -239,6 +239,58 @@ def distortion_section(root, runs) -> Section:
     return Section(label, title, text="\n\n".join(parts))
 
 
+ANSWER_PHASES = ("trace", "rank", "select", "prefill", "decode")     # a question's seconds, in the order spent
+
+
+def variant(method: dict) -> str:
+    """A selection run's name: ranker, size rule or window, arrangement, reading."""
+    if method["arrangement"] != "best_last":
+        keep = f"{method['arrangement']} w{method['window']}"
+    else:
+        keep = {"topk": f"top{method['k']}", "all": "all",
+                "adaptive": f"adaptive tau{method['tau']:g} K<={method['k_max']}"}[method["size"]]
+    return f"{method['ranker']} {keep} {method['reading']}"
+
+
+def ranker_row(run: Run) -> dict:
+    """Accuracy (%) per step, the target's hit rates (%), seconds per question and their split, over the run's
+    finished groups."""
+    frame = pd.DataFrame(read_jsonl(run.folder / "predictions.jsonl"))
+    finished = frame.groupby("group")["step"].transform("nunique") == frame["step"].nunique()
+    frame = frame[finished]
+    seconds = pd.DataFrame(list(frame["seconds"]))
+    phases = {phase: seconds[phase].mean() for phase in ANSWER_PHASES if phase in seconds}
+    return {"model": run.model, "dataset": run.config["task"]["dataset"], "variant": variant(run.config["method"]),
+            **{f"acc@{step}": 100 * correct for step, correct in frame.groupby("step")["correct"].mean().items()},
+            "hit@1": 100 * (frame["target_rank"] == 1).mean(), "hit@2": 100 * (frame["target_rank"] <= 2).mean(),
+            "hit@K": 100 * frame["target_read"].mean(), "s/question": sum(phases.values()),
+            **{f"s {phase}": value for phase, value in phases.items()},
+            "s index/update": seconds["index"].mean() if "index" in seconds else None,
+            "groups": frame["group"].nunique()}
+
+
+def rankers_section(root, runs, figures) -> Section:
+    """`tab:rankers`: attention density against lexical, dense and oracle retrieval (and the floors), each kept
+    fragment read as latent memory or as text; one row per model, set and variant, from experiment=rankers and
+    rankers_sizes; and the figure of accuracy against time per question."""
+    section = Section("tab:rankers", "Which fragments to answer with: accuracy (%) at n updates, the target's hit "
+                      "rates (%: ranked first, in the first two, among those read), seconds per question and split")
+    chosen = [r for r in runs if r.study == "rankers"]
+    if not chosen:
+        section.missing = "no runs yet: memdefrag experiment=rankers and experiment=rankers_sizes"
+        return section
+    table = pd.DataFrame([ranker_row(r) for r in chosen]).sort_values(["model", "dataset", "variant"], kind="stable")
+    section.table = table.set_index(["model", "dataset", "variant"]).dropna(axis=1, how="all").round(2)
+    last = f"acc@{max(int(c[4:]) for c in table.columns if c.startswith('acc@'))}"
+    figure = figures / "rankers.png"
+    accuracy_against_time(table[table.dataset == "synthetic"], last, figure)
+    section.figure = str(figure.relative_to(root))
+    section.after = (f"Figure: accuracy at the last step ({last}) on the synthetic set against seconds per question "
+                     "(ranking, selection, prefill, decode), one point per variant. Threads: "
+                     + ", ".join(sorted({str(r.config.get('threads')) for r in chosen})) + ".")
+    return section
+
+
 def study_table(runs, study: str, value) -> tuple[pd.DataFrame, str] | None:
     """Datasets as rows, methods as columns (in run order): value(run) of the runs of one experiment
     (`study`) and of the released MemoryLLM baselines; and a caption naming model, device, dtype and
@@ -355,6 +407,7 @@ def build(root: Path) -> list[Section]:
         *(longbench_section(root, runs, model)
           for model in [DEFAULT_MODEL, *sorted({r.model for r in runs if "tab:longbench" in r.tables} - {DEFAULT_MODEL})]),
         *compression_section(root, runs, figures),
+        rankers_section(root, runs, figures),
         *memoryllm_sections(root, runs, figures),
         probe_section(root, runs),
         distortion_section(root, runs),

@@ -121,3 +121,23 @@ def test_the_committed_results_readme_is_what_report_writes(tmp_path):
     results = Path(__file__).resolve().parents[1] / "results"
     copy = shutil.copytree(results, tmp_path / "results")
     assert write(copy).read_text() == (results / "README.md").read_text()
+
+
+def test_the_rankers_table_gives_accuracy_hit_rates_and_the_time_split_per_variant(tmp_path):
+    method = {"ranker": "bm25", "size": "topk", "k": 1, "tau": 2.0, "k_max": 4, "arrangement": "best_last",
+              "window": 2, "reading": "text"}
+    records = [{"group": g, "step": s, "correct": g == 0, "target_rank": 1 + g, "target_read": g == 0,
+                "seconds": {"formation": 9.0, "rank": 0.1, "select": 0.0, "prefill": 0.4, "decode": 1.5}}
+               for g in (0, 1) for s in (1, 20)]
+    records.append({"group": 2, "step": 1, "correct": True, "target_rank": 1, "target_read": True,   # unfinished
+                    "seconds": {"rank": 0.1, "select": 0.0, "prefill": 0.4, "decode": 1.5}})
+    fake_run(tmp_path / "k" / "0", "Retention", "bm25_text", records, study="rankers", dataset="synthetic",
+             method_options=method)
+    fake_run(tmp_path / "k" / "1", "Retention", "density_latent", records[:4], study="rankers", dataset="synthetic",
+             method_options={**method, "ranker": "density", "reading": "latent", "arrangement": "rotate"})
+    readme = write(tmp_path).read_text()
+    table = readme.split("(`tab:rankers`)")[1].split("\n## ")[0]
+    row = next(line for line in table.splitlines() if "bm25 top1 text" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:11] == ["smollm2", "synthetic", "bm25 top1 text", "50", "50", "50", "100", "50", "2", "0.1", "0"]
+    assert "density rotate w2 latent" in table and (tmp_path / "figures" / "rankers.png").is_file()
