@@ -75,9 +75,11 @@ class Selection(Method):
         return fresh
 
     def stored(self, fragment) -> dict[str, float]:
+        if not self.ranker.indexes:
+            return {}
         start = clock(torch.device("cpu"))
         self.ranker.stored(fragment)
-        return {"index": clock(torch.device("cpu")) - start} if self.ranker.indexes else {}
+        return {"index": clock(torch.device("cpu")) - start}
 
     def order(self, scores: torch.Tensor) -> list[int]:
         """The kept fragments' indices, in reading order."""
