@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
+from methods.attention.parallel import parallel_attention
 from methods.memory import LatentMemory
 
 
@@ -19,6 +21,36 @@ class Question:
     targets: frozenset[int] = frozenset()
 
 
+@dataclass(frozen=True)
+class Reading:
+    """How a backend reads a latent memory: by default its stored keys and values, the fragments at contiguous
+    positions, the model's own attention.
+
+    recompute: memory positions [m] (ascending; the sink is 0) recomputed at every layer with causal attention
+    over everything before them (EPIC's first tokens of each fragment, CacheBlend's chosen tokens);
+    recompute_through: every memory position is also recomputed through this layer (CacheBlend's check
+    layer; -1: none); parallel: every fragment at positions 1.. behind the sink and the prompt after the
+    longest, read with APE's merged attention (temperature, scale)."""
+
+    recompute: torch.Tensor | None = None
+    recompute_through: int = -1
+    parallel: bool = False
+    temperature: float = 1.0
+    scale: float = 1.0
+
+    def attention(self, model, memory: LatentMemory):
+        """What the prompt and the answer's tokens are read under: APE's merged attention where parallel."""
+        if not self.parallel:
+            return nullcontext()
+        return parallel_attention(model, (1, 1 + memory.n_tokens), self.temperature, self.scale)
+
+    def recomputed(self, n_tokens: int, num_layers: int) -> float:
+        """Memory positions recomputed, averaged over the layers (a full prefill: n_tokens)."""
+        chosen = 0 if self.recompute is None else int((self.recompute > 0).sum())
+        through = min(self.recompute_through + 1, num_layers)
+        return (through * n_tokens + (num_layers - through) * chosen) / num_layers
+
+
 @dataclass
 class Plan:
     """How one question is answered.
@@ -29,6 +61,7 @@ class Plan:
     density for MemDefrag's ranker; a record's target_rank is the target's rank under it).
     seconds: time per phase of planning (e.g. trace, select), where a method has phases.
     read: the ids of the stored fragments the answer reads, where the method chooses some (a selection).
+    reading: how the backend reads `latent` (recomputed positions, parallel positions).
     """
 
     latent: LatentMemory | None = None
@@ -36,6 +69,7 @@ class Plan:
     densities: torch.Tensor | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     read: list[int] | None = None
+    reading: Reading = field(default_factory=Reading)
 
 
 class Method:

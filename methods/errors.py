@@ -10,3 +10,19 @@ def one_of(key: str, value, choices) -> None:
     """Refuse a value outside an enum of choices, naming the key, the value and the choices."""
     if value not in [choice.value for choice in choices]:
         raise ConfigError(f"{key}={value!r} is not one of {[choice.value for choice in choices]}")
+
+
+def whole_number(key: str, value, least: int = 1) -> None:
+    """Refuse anything but an integer of at least `least`, naming the key and the value."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{key}={value!r} must be an integer >= {least}")
+
+
+def number_in(key: str, value, low: float, high: float | None = None, why: str = "") -> None:
+    """Refuse anything but a number above `low` (within [low, high] where `high` is given), naming the key,
+    the value and why it matters."""
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    fits = number and (low <= value <= high if high is not None else value > low)
+    if not fits:
+        allowed = f"a number in [{low:g}, {high:g}]" if high is not None else f"a number > {low:g}"
+        raise ConfigError(f"{key}={value!r} must be {allowed}{f' ({why})' if why else ''}")

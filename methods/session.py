@@ -5,11 +5,13 @@ This is the shared machinery every method uses; methods only choose the Plan.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
 
+from methods.attention.decoder import num_layers
 from methods.base import Method, Question
 from methods.compression.compressor import Compression, NoCompression
 from methods.forgetting import Forgetting, NoForgetting
@@ -46,6 +48,7 @@ class Answer:
     seconds: dict[str, float]     # per phase: the method's (e.g. trace, defragment) or plan, then prefill, decode
     tokens: int = 0               # tokens generated: the first from the prefill, the rest decoded
     read: list[int] | None = None # the fragment ids the answer read, where the method chose some
+    recomputed: float = 0.0       # memory positions recomputed for the answer, averaged over the layers
 
 
 class Session:
@@ -109,18 +112,21 @@ class Session:
         t0 = clock(device)
         plan = self.method.plan(self.memory, prompt_ids, self.backend, Question(question, frozenset(targets)))
         t1 = clock(device)
-        if plan.latent is not None:
-            logits, cache, position = self.backend.prefill(plan.latent, prompt_ids, room=max_new_tokens,
-                                                           logits_to_keep=1)
-            memory_tokens = 1 + plan.latent.n_tokens
-        else:
-            text_ids = torch.empty(0, dtype=torch.long) if plan.text_ids is None else plan.text_ids
-            logits, cache, position = self.text.prefill(text_ids, prompt_ids)
-            memory_tokens = len(text_ids)
-        t2 = clock(device)
-        new_ids = greedy(self.model, logits, cache, position, max_new_tokens, self.stop)
-        t3 = clock(device)
+        latent = plan.latent
+        with plan.reading.attention(self.model, latent) if latent is not None else nullcontext():
+            if latent is not None:
+                logits, cache, position = self.backend.prefill(latent, prompt_ids, room=max_new_tokens,
+                                                               logits_to_keep=1, reading=plan.reading)
+                memory_tokens = 1 + latent.n_tokens
+            else:
+                text_ids = torch.empty(0, dtype=torch.long) if plan.text_ids is None else plan.text_ids
+                logits, cache, position = self.text.prefill(text_ids, prompt_ids)
+                memory_tokens = len(text_ids)
+            t2 = clock(device)
+            new_ids = greedy(self.model, logits, cache, position, max_new_tokens, self.stop)
+            t3 = clock(device)
+        recomputed = 0.0 if latent is None else plan.reading.recomputed(latent.n_tokens, num_layers(self.model.config))
         dens = {} if plan.densities is None else dict(zip(self.memory.ids(), plan.densities.tolist()))
         return Answer(self.tokenizer.decode(new_ids, skip_special_tokens=True), memory_tokens, dens,
                       {**(plan.seconds or {"plan": t1 - t0}), "prefill": t2 - t1, "decode": t3 - t2}, len(new_ids),
-                      plan.read)
+                      plan.read, recomputed)

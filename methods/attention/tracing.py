@@ -26,15 +26,12 @@ class StopForward(Exception):
     """Raised inside the forward once every traced layer has been seen."""
 
 
-def prompt_probabilities(query, key, attention_mask, scaling=None, softcap=None, sinks=None) -> torch.Tensor:
-    """The prompt's attention probabilities [1, heads, q_len, kv_len] (fp32), as the layer computes them.
+def masked_scores(query, key, attention_mask, scaling=None, softcap=None) -> torch.Tensor:
+    """The attention logits [1, heads, q_len, kv_len] (fp32) as the layer computes them, -inf where masked.
 
     query: [1, heads, q_len, d]; key: [1, kv_heads, kv_len, d]; the queries are the last q_len
     positions of the kv_len keys. Query heads are grouped onto their key/value head, so keys are
-    never repeated per head. sinks: [heads] learned logits that join every row's softmax and take
-    their share of it (GPT-OSS's attention sinks, passed to attention functions as `s_aux`); the
-    rows then sum to less than one, as the model's own do.
-    """
+    never repeated per head."""
     _, heads, q_len, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     grouped = query.reshape(1, kv_heads, heads // kv_heads * q_len, dim)
@@ -49,8 +46,18 @@ def prompt_probabilities(query, key, attention_mask, scaling=None, softcap=None,
         scores.masked_fill_(attention_mask[..., -kv_len:].logical_not(), float("-inf"))
     else:
         scores += attention_mask[..., -kv_len:].float()
+    return scores
+
+
+def prompt_probabilities(query, key, attention_mask, scaling=None, softcap=None, sinks=None) -> torch.Tensor:
+    """The prompt's attention probabilities [1, heads, q_len, kv_len] (fp32), as the layer computes them
+    (see `masked_scores`). sinks: [heads] learned logits that join every row's softmax and take their share
+    of it (GPT-OSS's attention sinks, passed to attention functions as `s_aux`); the rows then sum to less
+    than one, as the model's own do."""
+    scores = masked_scores(query, key, attention_mask, scaling, softcap)
     if sinks is None:
         return torch.softmax(scores, dim=-1)
+    _, heads, q_len, _ = scores.shape
     column = sinks.float().view(1, heads, 1, 1).expand(1, heads, q_len, 1)
     return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
 
@@ -71,11 +78,11 @@ def prompt_attention(module, query, key, value, attention_mask, scaling=None, so
     return attended(probs, value), None, probs.mean(dim=1)[0]
 
 
-def through_attention_functions(model) -> bool:
+def through_attention_functions(model_class: type) -> bool:
     """Whether the family's attention calls transformers' attention functions (then a trace computes only
     the prompt's rows inside them); transformers' own test of the same, for families such as Falcon that
     compute attention inline and return their weights only when asked (`output_attentions=True`)."""
-    can_set = getattr(type(model), "_can_set_attn_implementation", None)
+    can_set = getattr(model_class, "_can_set_attn_implementation", None)
     return can_set is None or bool(can_set())
 
 
@@ -92,7 +99,7 @@ def eager_attention(model):
 
 
 def _use_attention(model, implementation: str) -> None:
-    if through_attention_functions(model):
+    if through_attention_functions(type(model)):
         model.set_attn_implementation(implementation)
     else:
         model.config._attn_implementation = implementation
@@ -126,20 +133,17 @@ def recording_attention(model, layers: list[int], prompt_len: int):
     Yields a dict layer -> [q_len, kv_len]; the forward raises StopForward after
     the last of them, so the caller runs it inside `until_stopped`.
     """
-    if not through_attention_functions(model):
+    if not through_attention_functions(type(model)):
         with eager_attention(model), returned_weights(model, layers, prompt_len) as rows:
             yield rows
         return
-    impl = model.config._attn_implementation
-    had_local = impl in ALL_ATTENTION_FUNCTIONS._local_mapping
-    previous = ALL_ATTENTION_FUNCTIONS._local_mapping.get(impl)
     rows: dict[int, torch.Tensor] = {}
     wanted, last = set(layers), max(layers)
 
-    def traced(module, query, key, value, attention_mask, **kwargs):
+    def traced(inner, module, query, key, value, attention_mask, **kwargs):
         idx = module.layer_idx
         if idx not in wanted:
-            return _inner(impl, module)(module, query, key, value, attention_mask, **kwargs)
+            return inner(module, query, key, value, attention_mask, **kwargs)
         probs = prompt_probabilities(query, key, attention_mask, kwargs.get("scaling"), kwargs.get("softcap"),
                                      kwargs.get("s_aux"))
         rows[idx] = probs.mean(dim=1)[0]
@@ -147,9 +151,27 @@ def recording_attention(model, layers: list[int], prompt_len: int):
             raise StopForward                           # nothing reads this layer's output
         return attended(probs, value), None
 
-    ALL_ATTENTION_FUNCTIONS[impl] = traced
-    try:
+    with attention_calls(model, traced):
         yield rows
+
+
+@contextmanager
+def attention_calls(model, wrap):
+    """Every attention-function call of the model's layers goes through
+    wrap(inner, module, query, key, value, attention_mask, **kwargs), `inner` being the function the model
+    would have called; the one way this project changes how attention is computed (tracing, recomputation,
+    parallel reading). Families computing attention inline (see `through_attention_functions`) are not
+    reached."""
+    impl = model.config._attn_implementation
+    had_local = impl in ALL_ATTENTION_FUNCTIONS._local_mapping
+    previous = ALL_ATTENTION_FUNCTIONS._local_mapping.get(impl)
+
+    def wrapped(module, *args, **kwargs):
+        return wrap(_inner(impl, module), module, *args, **kwargs)
+
+    ALL_ATTENTION_FUNCTIONS[impl] = wrapped
+    try:
+        yield
     finally:
         if had_local:
             ALL_ATTENTION_FUNCTIONS[impl] = previous

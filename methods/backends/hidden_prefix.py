@@ -13,6 +13,7 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache
 
+from methods.base import Reading
 from methods.memory import LatentMemory
 from methods.attention.decoder import embeddings, hooked, layers
 from methods.attention.tracing import eager_attention, returned_weights, until_stopped
@@ -34,14 +35,21 @@ def edited_layer_inputs(model, edit):
         yield
 
 
-def stored_prefix(model, states: torch.Tensor):
-    """Replace positions [0, M) of every decoder layer's input with states [L, M, hidden]."""
+def stored_prefix(model, states: torch.Tensor, reading: Reading = Reading()):
+    """Replace positions [0, M) of every decoder layer's input with states [L, M, hidden], except where
+    `reading` recomputes them: every position through its `recompute_through` layer, its `recompute` positions
+    at every layer (layer 0's input, the embeddings, is always the stored one)."""
     prefix_len = states.shape[1]
+    stored = torch.ones(prefix_len, dtype=torch.bool)
+    if reading.recompute is not None:
+        stored[reading.recompute.cpu()] = False
+    kept = stored.nonzero().squeeze(1)
 
     def replace(index, hidden):
-        if hidden.shape[1] < prefix_len:
+        if hidden.shape[1] < prefix_len or 0 < index <= reading.recompute_through:
             return False
-        hidden[:, :prefix_len] = states[index].to(hidden.device, hidden.dtype)
+        rows = slice(0, prefix_len) if index == 0 else kept
+        hidden[:, rows] = states[index][rows].to(hidden.device, hidden.dtype)
 
     return edited_layer_inputs(model, replace)
 
@@ -59,21 +67,30 @@ class HiddenPrefixBackend:
     def check(model_config) -> None:
         """Any decoder with a stack of layers: nothing to refuse before its weights load."""
 
-    def _run(self, memory: LatentMemory, prompt_ids: torch.Tensor, **kwargs):
+    def _run(self, memory: LatentMemory, prompt_ids: torch.Tensor, reading: Reading = Reading(), **kwargs):
         states = memory.stacked("states", dim=1)                       # [L, 1+N, hidden]
         embed = embeddings(self.model)
         prompt = embed(prompt_ids.view(1, -1).to(self.model.device))
         dummy = prompt.new_zeros(1, states.shape[1], prompt.shape[-1])
         inputs = torch.cat([dummy, prompt], dim=1)
         positions = torch.arange(inputs.shape[1], device=self.model.device).view(1, -1)
-        with stored_prefix(self.model, states):
+        if reading.parallel:
+            raise ValueError("backend=hidden_prefix reads the fragments at contiguous positions; a parallel reading "
+                             "(APE) needs backend=fast")
+        recomputes = reading.recompute_through >= 0 or (reading.recompute is not None and len(reading.recompute))
+        if recomputes and getattr(self.model.config.get_text_config(), "hidden_size_per_layer_input", None):
+            raise ValueError(f"backend=hidden_prefix feeds placeholders at memory positions, and model type "
+                             f"{self.model.config.model_type!r} reads per-layer embeddings of every input token: "
+                             f"recomputing memory positions needs backend=fast")
+        with stored_prefix(self.model, states, reading):
             return self.model(inputs_embeds=inputs, position_ids=positions, **kwargs), states.shape[1]
 
     @torch.no_grad()
-    def prefill(self, memory: LatentMemory, prompt_ids: torch.Tensor, room: int = 64, logits_to_keep: int = 0):
+    def prefill(self, memory: LatentMemory, prompt_ids: torch.Tensor, room: int = 64, logits_to_keep: int = 0,
+                reading: Reading = Reading()):
         """The last `logits_to_keep` (0: all p) prompt logits [., vocab], the cache to decode with, and the
-        next position (the prefix's positions get no logits)."""
-        out, prefix_len = self._run(memory, prompt_ids, past_key_values=DynamicCache(), use_cache=True,
+        next position (the prefix's positions get no logits); `reading`'s positions recomputed."""
+        out, prefix_len = self._run(memory, prompt_ids, reading, past_key_values=DynamicCache(), use_cache=True,
                                     logits_to_keep=logits_to_keep or len(prompt_ids))
         return out.logits[0], out.past_key_values, prefix_len + len(prompt_ids)
 

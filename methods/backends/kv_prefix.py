@@ -13,9 +13,11 @@ import torch
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 from transformers.cache_utils import Cache, DynamicLayer
 
+from methods.base import Reading
 from methods.memory import Fragment, LatentMemory, parts
 from methods.attention import decoder
 from methods.attention.positions import Rotary, RotaryError, has_rotary_function, no_rotary_function
+from methods.attention.recompute import recompute, recompute_through
 from methods.attention.tracing import recording_attention, until_stopped
 
 
@@ -54,11 +56,19 @@ class PrefixLayer(DynamicLayer):
         self._expose()
         return self.keys, self.values
 
-    def rewind(self, length: int) -> None:
-        """Keep only the first `length` positions; what was written after them is overwritten later."""
+    def fill_to(self, length: int) -> None:
+        """Expose the first `length` positions of the buffers; what was written after them is overwritten
+        later."""
         self.filled = length
         if self._k is not None:
             self._expose()
+
+    def move(self, start: int, positions: torch.Tensor) -> None:
+        """Write the entries at start..start+len(positions)-1 over those at `positions` (recomputed ones over
+        the placed)."""
+        end = start + len(positions)
+        self._k[:, :, positions] = self._k[:, :, start:end].clone()
+        self._v[:, :, positions] = self._v[:, :, start:end].clone()
 
 
 class Placed:
@@ -77,20 +87,22 @@ class Placed:
     def __init__(self, model, n_layers: int, slack: float = 0.0):
         self.model, self.n_layers, self.slack = model, n_layers, slack
         self.fragments: list = []                   # sink and fragments placed in the buffers, in order
+        self.parallel = False                       # whether they were placed in parallel
         self.rotary = Rotary.of(model)
         self.groups = [[i for i in g if i < n_layers] for g in self.rotary.groups]   # layers of each buffer
         self.rows = sorted((layer, g, row) for g, layers in enumerate(self.groups)       # (layer, its buffer,
                            for row, layer in enumerate(layers))                           # its row), by layer
         self.keys = self.values = None              # per group: [its layers, kv_heads, capacity, head_dim]
 
-    def cache(self, memory: LatentMemory, room: int, held: int = 0) -> Cache:
+    def cache(self, memory: LatentMemory, room: int, held: int = 0, parallel: bool = False) -> Cache:
         """A cache of the memory with `room` positions after it; its first `held` of them are kept from
         the last forward on these buffers when the memory is the one placed then (0 otherwise: see
-        `unchanged`)."""
+        `unchanged`). parallel: every fragment at positions 1.. behind the sink (APE), not one after another."""
         frags = [memory.sink, *memory.fragments]
         total = sum(len(f) for f in frags)
         kept = 0
-        while kept < min(len(frags), len(self.fragments)) and frags[kept] is self.fragments[kept]:
+        while parallel == self.parallel and kept < min(len(frags), len(self.fragments)) and \
+                frags[kept] is self.fragments[kept]:
             kept += 1
         self.unchanged = kept == len(frags) == len(self.fragments)
         held = held if self.unchanged else 0
@@ -100,13 +112,14 @@ class Placed:
         tables = self.rotary.tables(total, self.keys[0]) if kept < len(frags) else None
         for f in frags[kept:]:
             end = start + len(f)
+            position = min(start, 1) if parallel else start
             for slot, (buffers, stored) in enumerate(((self.keys, f.keys), (self.values, f.values))):
                 for layers, buffer, part in zip(self.groups, buffers, parts(stored)):
                     if layers:
                         self.rotary.place(buffer[:, :, start:end], part[: len(layers)].to(buffer.device), slot,
-                                          tables, start, layers)
+                                          tables, position, layers)
             start = end
-        self.fragments = frags
+        self.fragments, self.parallel = frags, parallel
         return Cache(layers=[PrefixLayer(self.keys[g][row:row + 1], self.values[g][row:row + 1], total + held)
                              for _, g, row in self.rows])
 
@@ -133,6 +146,7 @@ class KVPrefixBackend:
         self.traced: Placed | None = None     # the last trace's placed memory, kept for the next question
         self.last_prompt = torch.empty(0, dtype=torch.long)     # and its prompt, whose keys/values follow it,
         self.last_rows: dict[int, torch.Tensor] = {}            # and rows
+        self.checked: tuple | None = None      # CacheBlend's check: (sink and fragments, layer, recomputed cache)
 
     @staticmethod
     def check(model_config) -> None:
@@ -147,18 +161,49 @@ class KVPrefixBackend:
             raise RotaryError(f"stores each layer's own keys and values; model type {kind!r} shares them across "
                               f"layers (layers {shared} read another layer's)")
 
-    def cache(self, memory: LatentMemory, room: int, layers: int | None = None) -> Cache:
-        """A cache holding the memory of `layers` first layers at positions 0..N, with `room` to grow."""
-        return Placed(self.model, layers or self.model.config.get_text_config().num_hidden_layers).cache(memory, room)
+    def cache(self, memory: LatentMemory, room: int, layers: int | None = None, parallel: bool = False) -> Cache:
+        """A cache holding the memory of `layers` first layers at positions 0..N (or in parallel), with `room`
+        to grow."""
+        return Placed(self.model, layers or decoder.num_layers(self.model.config)).cache(memory, room,
+                                                                                        parallel=parallel)
 
     @torch.no_grad()
-    def prefill(self, memory: LatentMemory, prompt_ids: torch.Tensor, room: int = 64, logits_to_keep: int = 0):
+    def prefill(self, memory: LatentMemory, prompt_ids: torch.Tensor, room: int = 64, logits_to_keep: int = 0,
+                reading: Reading = Reading()):
         """The last `logits_to_keep` (0: all p) prompt logits [., vocab], the cache to decode with, and the
-        next position."""
-        cache = self.cache(memory, room=len(prompt_ids) + room)
-        start = 1 + memory.n_tokens
+        next position; the memory read as `reading` says (recomputed positions, parallel positions)."""
+        extra = 0 if reading.recompute is None else len(reading.recompute)
+        if reading.recompute_through >= 0:
+            cache = self._checked(memory, reading.recompute_through)
+        else:
+            cache = self.cache(memory, room=len(prompt_ids) + room + extra, parallel=reading.parallel)
+        if reading.recompute is not None:
+            recompute(self.model, cache, memory.text_ids(), reading.recompute)
+        longest = max((len(f) for f in memory.fragments), default=0)
+        start = 1 + (longest if reading.parallel else memory.n_tokens)
         out = run_after(self.model, cache, prompt_ids, start, logits_to_keep=logits_to_keep)
         return out.logits[0], cache, start + len(prompt_ids)
+
+    @torch.no_grad()
+    def deviations(self, memory: LatentMemory, layer: int) -> torch.Tensor:
+        """CacheBlend's check: every memory position recomputed through `layer`; per position 1..N, the squared
+        distance of its recomputed values at `layer` from the stored ones (summed over heads and width). The
+        recomputed cache is kept for a prefill of the same memory that recomputes through `layer`."""
+        cache = self.cache(memory, room=256)
+        stored = cache.layers[layer].values.clone()
+        recompute_through(self.model, cache, memory.text_ids(), layer)
+        self.checked = ([memory.sink, *memory.fragments], layer, cache)
+        return ((cache.layers[layer].values - stored).float() ** 2).sum(dim=(0, 1, 3))[1:].cpu()
+
+    def _checked(self, memory: LatentMemory, layer: int) -> Cache:
+        """The cache `deviations` recomputed through `layer` for this memory (once), or a fresh one."""
+        frags, checked, self.checked = [memory.sink, *memory.fragments], self.checked, None
+        if checked is not None and checked[1] == layer and len(checked[0]) == len(frags) and \
+                all(a is b for a, b in zip(checked[0], frags)):
+            return checked[2]
+        cache = self.cache(memory, room=256)
+        recompute_through(self.model, cache, memory.text_ids(), layer)
+        return cache
 
     @torch.no_grad()
     def attention_rows(self, memory: LatentMemory, prompt_ids: torch.Tensor, layers: list[int]):

@@ -29,7 +29,7 @@ class TextPrefix:
         the longest common prefix with the ids held before."""
         shared = common_prefix(self.ids, ids)
         for layer in self.layers:
-            layer.rewind(shared)
+            layer.fill_to(shared)
         if shared < len(ids):
             run_after(self.model, Cache(layers=self.layers), ids[shared:], shared, logits_to_keep=1)
         self.ids = ids.clone()

@@ -15,7 +15,7 @@ import torch
 
 from methods.attention.tracing import QueryMode
 from methods.base import Method, Plan, Question
-from methods.errors import one_of
+from methods.errors import number_in, one_of, whole_number
 from methods.generation import clock
 from methods.selection import rankers
 from methods.selection.arrange import adaptive_k, defragment, rotated
@@ -25,11 +25,6 @@ from methods.sources import MINILM
 Size = StrEnum("Size", ["topk", "all", "adaptive"])                 # how many of the best are kept
 Arrangement = StrEnum("Arrangement", ["best_last", "rotate", "window"])
 Reading = StrEnum("Reading", ["latent", "text"])
-
-
-def whole_number(key: str, value, least: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{key}={value!r} must be an integer >= {least}")
 
 
 class Selection(Method):
@@ -52,8 +47,7 @@ class Selection(Method):
             one_of("method.query_mode", query_mode, QueryMode)
         for key, value in (("k", k), ("k_max", k_max), ("window", window)):
             whole_number(f"method.{key}", value)
-        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or tau <= 1:
-            raise ValueError(f"method.tau={tau!r} must be a number > 1 (the score ratio that ends adaptive K)")
+        number_in("method.tau", tau, 1, why="the score ratio that ends adaptive K")
         self.size, self.k, self.tau, self.k_max = size, k, float(tau), k_max
         self.arrangement, self.window, self.reading, self.seed = arrangement, window, reading, seed
         self.ranker = {"density": lambda: rankers.Density(tracer_layer, query_mode), "bm25": rankers.BM25,

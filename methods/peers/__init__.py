@@ -1,0 +1,1 @@
+"""The other training-free fixes for fragments prefilled alone, read on the same memory as MemDefrag."""
