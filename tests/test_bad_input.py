@@ -180,6 +180,21 @@ CASES = [
     (["method=select", "method.k=0"], "method.k=0 must be an integer >= 1"),
     (["method=select", "method.arrangement=rotate", "method.window=0"], "method.window=0 must be an integer >= 1"),
     (["method=select", "method.ranker=oracle", "task=probe"], "task Probe marks none"),
+    (["method=epic", "method.k=-1"], "method.k=-1 must be an integer >= 0"),
+    (["method=epic", "method.k=1.5"], "method.k: Value '1.5'"),
+    (["method=epic", "method.select=0"], "method.select=0 must be an integer >= 1"),
+    (["method=epic_top2", "model.tracer_layer=40"], "method.tracer_layer=40 is out of range"),
+    (["method=cacheblend", "method.ratio=1.5"], "method.ratio=1.5 must be a number in [0, 1] (the share of memory "
+     "tokens recomputed after the check layer)"),
+    (["method=cacheblend", "method.ratio=-0.1"], "method.ratio=-0.1 must be a number in [0, 1]"),
+    (["method=cacheblend", "method.check_layer=30"], "method.check_layer=30 is not a layer of this model: it has 30 "
+     "(0..29)"),
+    (["method=cacheblend", "method.check_layer=-1"], "method.check_layer=-1 must be an integer >= 0"),
+    (["method=cacheblend", "backend=hidden_prefix"], "backend=hidden_prefix: method=cacheblend reads its memory "
+     "with backend=fast"),
+    (["method=ape", "method.temperature=0"], "method.temperature=0.0 must be a number > 0"),
+    (["method=ape", "method.scale=-1"], "method.scale=-1.0 must be a number > 0"),
+    (["method=ape", "backend=hidden_prefix"], "backend=hidden_prefix: method=ape reads its memory with backend=fast"),
     (["method=select", "method.ranker=density", "method.tracer_layer=30"], "method.tracer_layer=30 is out of range"),
     (["method=select", "method.ranker=dense", "method.embedder=/nowhere/model"],
      "method.embedder='/nowhere/model' is neither a folder here"),

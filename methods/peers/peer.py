@@ -17,9 +17,11 @@ from methods.memory import LatentMemory
 
 class Peer(Method):
     """select: read MemDefrag's Top-`select` view (density at `tracer_layer`, `query_mode`) instead of the
-    whole memory (None); phase: the name of the seconds the reading takes to decide, where it does work."""
+    whole memory (None); phase: the name of the seconds the reading takes to decide, where it does work; the
+    backends that can honour its reading (the fast one; EPIC's also on the hidden-prefix formulation)."""
 
     phase = "read"
+    backends = ("fast",)
 
     def __init__(self, select: int | None = None, tracer_layer: int | None = 0,
                  query_mode: QueryMode | None = "last"):
