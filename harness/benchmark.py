@@ -6,7 +6,9 @@ prefill), time per generated token and total time, every method decoding the sam
 fragment is stored (one over the first n-1 was asked before, as in a retention run; the n-th is replaced by
 another for each of them) and of --repeats other questions over the same memory (the trace keeps the placed
 memory and its prompt's shared head for the next question), the methods taking turns question by question
-in one process, thread count, device and dtype stated. --hidden-prefix also times the paper's formulation and checks
+in one process, thread count, device and dtype stated. --methods also takes the peers (text: the fragments'
+text prefilled in full for every question; ape, epic, cacheblend at their defaults), with the share of memory
+tokens each recomputes (averaged over the layers). --hidden-prefix also times the paper's formulation and checks
 that its outputs equal the fast backend's (many minutes per point on a CPU). --shape runs a randomly
 initialised model of a real shape (speed and memory only, never accuracy) instead of the embedded
 SmolLM2; on a GPU the peak memory is the CUDA allocator's.
@@ -39,9 +41,11 @@ from methods.backends.kv_prefix import KVPrefixBackend
 from methods.memdefrag import MemDefrag
 from methods.memory import Fragment, LatentMemory
 from methods.memoryllm.checkpoint import MemoryLLMConfig
-from methods.baselines import NoMemory
+from methods.baselines import NoMemory, TextMemory, Vanilla
+from methods.peers.ape import APE
+from methods.peers.cacheblend import CacheBlend
+from methods.peers.epic import EPIC
 from methods.session import Answer, Session
-from methods.baselines import Vanilla
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ SHAPES["mplus_8b"] = Shape({**SHAPES["llama31_8b"].config, **MEMORYLLM, **MPLUS}
 SHAPES["mplus_tiny"] = Shape({**SHAPES["memoryllm_tiny"].config, **MPLUS, "num_ltm_blocks": 2, "ltm_initial_size": 32,
                               "update_ltm_frequency": 2, "selector_hidden_dim": 8}, 1, "last", MemoryLLMConfig)
 METHODS = ("none", "vanilla", "memdefrag")
+PEERS = ("text", "ape", "epic", "cacheblend")        # full prefill and the other fixes, each at its defaults
 EMBEDDED = ModelSpec("smollm2", "smollm2", tracer_layer=18, query_mode="mean")
 
 
@@ -137,12 +142,12 @@ class PeakMemory:
 
 
 def sessions_of(model, tokenizer, methods: dict, backends: dict, new_tokens: int) -> dict:
-    """A session per (method, backend), no memory on the fast backend only; no session stops at an end-of-turn
-    id, so that every method decodes `new_tokens`."""
+    """A session per (method, backend that can read its memory), no memory on the fast backend only; no session
+    stops at an end-of-turn id, so that every method decodes `new_tokens`."""
     sessions = {}
     for method_name, method in methods.items():
         for backend_name, backend in backends.items():
-            if method_name != "none" or backend_name == "fast":
+            if backend_name in method.backends and (method_name != "none" or backend_name == "fast"):
                 session = Session(model, tokenizer, backend(model), method, "shared_sink", "chat", new_tokens)
                 session.stop = set()
                 sessions[method_name, backend_name] = session
@@ -162,6 +167,7 @@ def timed(sessions: dict, memory: LatentMemory, stand_ins: list[Fragment], quest
         answers = {}
         for key, session in sessions.items():
             session.memory = LatentMemory(memory.sink, list(fragments))
+            session.text.forget()            # text memory is prefilled in full: the baseline the peers cut down
             answers[key] = meter.ask(key, session, question)
         return answers
 
@@ -185,6 +191,7 @@ def timings(answers: list[Answer], updates: int) -> dict:
     return {"update_total_s": min(sum(answer.seconds.values()) for answer in after_update), "ttft_s": to_first_token,
             "per_token_ms": 1000 * seconds["decode"] / max(best.tokens - 1, 1),
             "total_s": to_first_token + seconds["decode"], "trace_s": seconds.get("trace", 0.0), "tokens": best.tokens,
+            "recomputed": best.recomputed,
             "output": tuple(answer.text for answer in answers)}
 
 
@@ -201,7 +208,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 26], help="stored fragments per point")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="other questions asked after the first")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="what to time")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS + PEERS, help="what to time")
     parser.add_argument("--k", type=int, nargs="+", default=[1, 2], help="MemDefrag Top-K values to time")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens every method generates")
     parser.add_argument("--hidden-prefix", action="store_true", help="also time the paper's formulation")
@@ -244,8 +251,9 @@ def main(argv: list[str] | None = None) -> None:
         print(args.save_random)
         return
     model, tokenizer, tracer_layer, query_mode = build(args.shape, args.device, args.dtype)
-    methods = {"none": NoMemory(), "vanilla": Vanilla(),
-               **{f"memdefrag_top{k}": MemDefrag(k, tracer_layer, query_mode) for k in args.k}}
+    methods = {"none": NoMemory(), "text": TextMemory(), "vanilla": Vanilla(),
+               **{f"memdefrag_top{k}": MemDefrag(k, tracer_layer, query_mode) for k in args.k},
+               "ape": APE(), "epic": EPIC(), "cacheblend": CacheBlend()}
     methods = {name: m for name, m in methods.items() if name.split("_top")[0] in args.methods}
     backends = {"fast": KVPrefixBackend}
     if args.hidden_prefix:
@@ -284,7 +292,8 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     """Every timing, the total against the no-memory question's, and whether both backends agree."""
     none = frame[frame.method == "none"].set_index("n")["total_s"]
     frame = frame.assign(vs_none=frame["total_s"] / frame["n"].map(none),
-                         update_vs_none=frame["update_total_s"] / frame["n"].map(none))
+                         update_vs_none=frame["update_total_s"] / frame["n"].map(none),
+                         recomputed_share=frame.pop("recomputed") / frame["memory_tokens"])
     fast = frame[frame.backend == "fast"].set_index(["n", "method"])
     slow = frame[frame.backend != "fast"]
     if not slow.empty:

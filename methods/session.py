@@ -48,7 +48,8 @@ class Answer:
     seconds: dict[str, float]     # per phase: the method's (e.g. trace, defragment) or plan, then prefill, decode
     tokens: int = 0               # tokens generated: the first from the prefill, the rest decoded
     read: list[int] | None = None # the fragment ids the answer read, where the method chose some
-    recomputed: float = 0.0       # memory positions recomputed for the answer, averaged over the layers
+    recomputed: float = 0.0       # memory positions computed for the answer, averaged over the layers (text: all
+                                  # of its tokens, unless a held prefix of them is reused)
 
 
 class Session:
@@ -125,7 +126,8 @@ class Session:
             t2 = clock(device)
             new_ids = greedy(self.model, logits, cache, position, max_new_tokens, self.stop)
             t3 = clock(device)
-        recomputed = 0.0 if latent is None else plan.reading.recomputed(latent.n_tokens, num_layers(self.model.config))
+        recomputed = float(memory_tokens) if latent is None else \
+            plan.reading.recomputed(latent.n_tokens, num_layers(self.model.config))     # text: every token runs
         dens = {} if plan.densities is None else dict(zip(self.memory.ids(), plan.densities.tolist()))
         return Answer(self.tokenizer.decode(new_ids, skip_special_tokens=True), memory_tokens, dens,
                       {**(plan.seconds or {"plan": t1 - t0}), "prefill": t2 - t1, "decode": t3 - t2}, len(new_ids),

@@ -43,6 +43,21 @@ def test_the_benchmark_times_only_the_methods_asked_for(tmp_path):
     assert len(rows) == 1 and "| vanilla " in rows[0]
 
 
+def test_the_benchmark_times_the_peers_and_what_share_of_the_memory_they_recompute(tmp_path):
+    out = tmp_path / "speed.md"
+    main(["--shape", "tiny", "--sizes", "3", "--new-tokens", "2", "--repeats", "1", "--methods", "text", "ape",
+          "epic", "cacheblend", "--hidden-prefix", "--out", str(out)])
+    header, _, *lines = out.read_text().splitlines()[2:]
+    cells = lambda line: [cell.strip() for cell in line.strip("|").split("|")]      # noqa: E731
+    rows = {f"{row['method']} {row['backend']}": row for row in (dict(zip(cells(header), cells(line)))
+                                                                  for line in lines)}
+    assert sorted(rows) == ["ape fast", "cacheblend fast", "epic fast", "epic hidden_prefix", "text fast",
+                            "text hidden_prefix"]
+    share = {key: float(row["recomputed_share"]) for key, row in rows.items()}
+    assert share["text fast"] == 1 and share["ape fast"] == 0 and 0 < share["epic fast"] < share["cacheblend fast"] < 1
+    assert rows["epic hidden_prefix"]["same_output"] == "yes"     # the same answers on both backends
+
+
 def test_each_sessions_peak_memory_is_its_own_while_sessions_take_turns(monkeypatch):
     """On a GPU, a method's peak is what was there before any session asked, what it keeps between its
     questions and the most one question adds, never the buffers another session keeps (a scripted allocator

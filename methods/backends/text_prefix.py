@@ -23,6 +23,10 @@ class TextPrefix:
         self.layers = [PrefixLayer() for _ in range(model.config.get_text_config().num_hidden_layers)]
         self.ids = torch.empty(0, dtype=torch.long)
 
+    def forget(self) -> None:
+        """Hold nothing: the next text is run in full (its buffers are kept)."""
+        self.ids = torch.empty(0, dtype=torch.long)
+
     @torch.no_grad()
     def hold(self, ids: torch.Tensor) -> Cache:
         """A cache holding exactly `ids` [N] at positions 0..N-1, running only the tokens after
