@@ -73,16 +73,18 @@ def correlation_bars(table: pd.DataFrame, path: str | Path, title: str = "") -> 
     plt.close(fig)
 
 
-def accuracy_against_time(table: pd.DataFrame, accuracy: str, path: str | Path) -> None:
-    """One point per variant (rows of `table`: model, variant, s/question and the `accuracy` column), a
-    colour per model: what each selection buys and costs."""
+def accuracy_against_time(table: pd.DataFrame, accuracy: str, path: str | Path, time: str = "s/question",
+                          name: str = "variant") -> None:
+    """One point per row of `table` (model, `name`, the `time` and `accuracy` columns), a colour per model: what
+    each method buys and costs."""
     fig, ax = plt.subplots(figsize=(8, 5))
     for model, rows in table.groupby("model"):
-        points = ax.scatter(rows["s/question"], rows[accuracy], label=model)
+        points = ax.scatter(rows[time], rows[accuracy], label=model)
         for _, row in rows.iterrows():
-            ax.annotate(row["variant"], (row["s/question"], row[accuracy]), fontsize=6, alpha=0.8,
+            ax.annotate(row[name], (row[time], row[accuracy]), fontsize=6, alpha=0.8,
                         color=points.get_facecolor()[0], xytext=(3, 2), textcoords="offset points")
-    ax.set(xlabel="seconds per question", ylabel=f"accuracy (%), {accuracy}", xscale="log")
+    ax.set(xlabel=time.replace("s/", "seconds per ").replace("ttft", "time to first token"),
+           ylabel=f"accuracy (%), {accuracy}", xscale="log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -240,6 +240,7 @@ def distortion_section(root, runs) -> Section:
 
 
 ANSWER_PHASES = ("trace", "rank", "select", "prefill", "decode")     # a question's seconds, in the order spent
+UPDATE_PHASES = ("compression", "formation", "forgetting", "index")  # the seconds of the update before it
 
 
 def variant(method: dict) -> str:
@@ -252,17 +253,25 @@ def variant(method: dict) -> str:
     return f"{method['ranker']} {keep} {method['reading']}"
 
 
+def finished_records(run: Run) -> pd.DataFrame:
+    """The run's records of the groups it finished (every step asked)."""
+    frame = pd.DataFrame(read_jsonl(run.folder / "predictions.jsonl"))
+    return frame[frame.groupby("group")["step"].transform("nunique") == frame["step"].nunique()]
+
+
+def accuracy_by_step(frame: pd.DataFrame) -> dict:
+    return {f"acc@{step}": 100 * correct for step, correct in frame.groupby("step")["correct"].mean().items()}
+
+
 def ranker_row(run: Run) -> dict:
     """Accuracy (%) per step, the target's hit rates (%), seconds per question and their split, over the run's
     finished groups."""
-    frame = pd.DataFrame(read_jsonl(run.folder / "predictions.jsonl"))
-    finished = frame.groupby("group")["step"].transform("nunique") == frame["step"].nunique()
-    frame = frame[finished]
+    frame = finished_records(run)
     seconds = pd.DataFrame(list(frame["seconds"]))
     phases = {phase: seconds[phase].mean() for phase in ANSWER_PHASES if phase in seconds}
     choice = frame[frame["step"] > 1]                   # with one fragment stored every ranker is right
     return {"model": run.model, "dataset": run.config["task"]["dataset"], "variant": variant(run.config["method"]),
-            **{f"acc@{step}": 100 * correct for step, correct in frame.groupby("step")["correct"].mean().items()},
+            **accuracy_by_step(frame),
             "hit@1": 100 * (choice["target_rank"] == 1).mean(), "hit@2": 100 * (choice["target_rank"] <= 2).mean(),
             "hit@K": 100 * choice["target_read"].mean(), "s/question": sum(phases.values()),
             **{f"s {phase}": value for phase, value in phases.items()},
@@ -290,6 +299,49 @@ def rankers_section(root, runs, figures) -> Section:
     section.after = (f"Figure: accuracy at the last step ({last}) on the synthetic set against seconds per question "
                      "(ranking, selection, prefill, decode), one point per variant. Threads: "
                      + ", ".join(sorted({str(r.config.get('threads')) for r in chosen})) + ".")
+    return section
+
+
+def peer_row(run: Run) -> dict:
+    """Accuracy (%) per step; at the last step, the time to first token (every phase before decoding) and the
+    memory tokens read; seconds per question over all steps; over the run's finished groups."""
+    frame = finished_records(run)
+    seconds = pd.DataFrame(list(frame["seconds"]), index=frame.index)
+    asked = seconds.drop(columns=[c for c in UPDATE_PHASES if c in seconds])     # the question's own phases
+    last = frame[frame["step"] == frame["step"].max()]
+    to_first_token = asked.drop(columns="decode").sum(axis=1)
+    return {"model": run.model, "dataset": run.config["task"]["dataset"], "method": run.config["method"]["label"],
+            **accuracy_by_step(frame), f"ttft s@{last['step'].max()}": to_first_token[last.index].mean(),
+            "s/question": asked.sum(axis=1).mean(), "memory tokens read": last["memory_tokens"].mean(),
+            "groups": frame["group"].nunique()}
+
+
+def peers_section(root, runs, figures) -> Section:
+    """`tab:peers`: MemDefrag against the other training-free fixes (APE, EPIC, CacheBlend), full prefill and the
+    floors on the same memory, from experiment=peers; the figure of accuracy against time to first token; and
+    memdefrag-bench's time to first token at the paper's N_max (results/peers/speed_*.md)."""
+    section = Section("tab:peers", "The other training-free fixes on the same memory: accuracy (%) at n updates, "
+                      "time to first token at the last step, seconds per question")
+    chosen = [r for r in runs if r.study == "peers"]
+    speed = sorted((root / "peers").glob("speed*.md"))
+    section.after = "\n\n".join(f"`peers/{f.name}`: " + f.read_text().strip() for f in speed)
+    if not chosen:
+        section.missing = "no runs yet: memdefrag experiment=peers"
+        return section
+    order = {label: i for i, label in enumerate(["none", "text", "vanilla", "memdefrag_top1", "memdefrag_top2", "ape",
+                                                 "ape_sharp", "epic", "epic_top2", "cacheblend"])}
+    table = pd.DataFrame([peer_row(r) for r in chosen])
+    table = table.sort_values(["model", "dataset", "method"], key=lambda c: c.map(order).fillna(len(order))
+                              if c.name == "method" else c, kind="stable")
+    section.table = table.set_index(["model", "dataset", "method"]).round(2)
+    last = f"acc@{max(int(c[4:]) for c in table.columns if c.startswith('acc@'))}"
+    ttft = next(c for c in table.columns if c.startswith("ttft"))
+    figure = figures / "peers.png"
+    accuracy_against_time(table[table.dataset == "synthetic"], last, figure, time=ttft, name="method")
+    section.figure = str(figure.relative_to(root))
+    section.after = (f"Figure: accuracy at the last step ({last}) on the synthetic set against the time to first "
+                     f"token there, one point per method. Threads: "
+                     + ", ".join(sorted({str(r.config.get("threads")) for r in chosen})) + ".\n\n" + section.after)
     return section
 
 
@@ -410,6 +462,7 @@ def build(root: Path) -> list[Section]:
           for model in [DEFAULT_MODEL, *sorted({r.model for r in runs if "tab:longbench" in r.tables} - {DEFAULT_MODEL})]),
         *compression_section(root, runs, figures),
         rankers_section(root, runs, figures),
+        peers_section(root, runs, figures),
         *memoryllm_sections(root, runs, figures),
         probe_section(root, runs),
         distortion_section(root, runs),

@@ -141,3 +141,19 @@ def test_the_rankers_table_gives_accuracy_hit_rates_and_the_time_split_per_varia
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[:11] == ["smollm2", "synthetic", "bm25 top1 text", "50", "50", "50", "100", "50", "2", "0.1", "0"]
     assert "density rotate w2 latent" in table and (tmp_path / "figures" / "rankers.png").is_file()
+
+
+def test_the_peers_table_gives_accuracy_and_time_to_first_token_per_method(tmp_path):
+    records = [{"group": g, "step": s, "correct": g == 0, "target_rank": None, "memory_tokens": 10 * s,
+                "seconds": {"formation": 9.0, "check": 0.5, "prefill": 0.25 * s, "decode": 1.5}}
+               for g in (0, 1) for s in (1, 20)]
+    fake_run(tmp_path / "p" / "0", "Retention", "cacheblend", records, study="peers", dataset="synthetic")
+    fake_run(tmp_path / "p" / "1", "Retention", "text", records[:2], study="peers", dataset="synthetic")
+    (tmp_path / "peers").mkdir()
+    (tmp_path / "peers" / "speed_cpu.md").write_text("| method | ttft_s |\n|---|---|\n| epic | 1.5 |\n")
+    readme = write(tmp_path).read_text()
+    table = readme.split("(`tab:peers`)")[1].split("\n## ")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if "| smollm2" in line]
+    assert [row[2] for row in rows] == ["text", "cacheblend"]                      # the table's method order
+    assert rows[1][:9] == ["smollm2", "synthetic", "cacheblend", "50", "50", "5.5", "4.62", "200", "2"]
+    assert "| epic | 1.5 |" in table and (tmp_path / "figures" / "peers.png").is_file()
