@@ -84,6 +84,10 @@ def preflight(cfg: DictConfig):
     if forgetting.layerwise and not method.needs_latent:
         raise ConfigError(f"forgetting={cfg.forgetting.label} drops different tokens at every layer; "
                           f"method={cfg.method.label} has no layers (use a latent method or forgetting=random)")
+    if forgetting.layerwise and method.recomputes:
+        raise ConfigError(f"forgetting={cfg.forgetting.label} drops different tokens at every layer; "
+                          f"method={cfg.method.label} recomputes memory tokens from their ids, which must be the same "
+                          f"at every layer (use forgetting=random or informativeness)")
     compressor = build(cfg.compression, "compression")
     try:
         compressor.check()

@@ -81,12 +81,15 @@ class Method:
     backends: the backends that can read the memory it plans over.
     keeps_own_memory: its model keeps a memory of its own (MemoryLLM), written by `writer`, not by the
     session's formation and forgetting.
+    recomputes: it recomputes memory tokens from their ids (EPIC, CacheBlend), which must then be the same at
+    every layer.
     """
 
     needs_latent = True
     needs_targets = False
     backends = ("fast", "hidden_prefix")
     keeps_own_memory = False
+    recomputes = False
 
     def plan(self, memory: LatentMemory, prompt_ids: torch.Tensor, backend, question: Question = Question()) -> Plan:
         raise NotImplementedError

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU figures on one GPU with random weights of Llama-3.1-8B's shape (speed and memory only, never accuracy):
-# the per-question speed table in bf16 and fp16, then the paper's tab:runtime (a 50-update group, Top-1 and
+# the per-question speed table in bf16 and fp16, the peers' time to first token at N_max (tab:peers), then the paper's tab:runtime (a 50-update group, Top-1 and
 # vanilla, informativeness forgetting, asked at 10..50) and tab:gpu-memory (step 50, memory full at N_max)
 # through the harness on a saved random checkpoint; then MemoryLLM and M+ of the same size (random checkpoints of
 # memoryllm-8b's and mplus-8b's shapes) over a 50-update group each, for their columns of tab:runtime.
@@ -13,6 +13,9 @@ for dtype in bfloat16 float16; do
   memdefrag-bench --device cuda --dtype "$dtype" --shape llama31_8b --sizes 10 26 --repeats 3 \
     --data-dir "$data" --out "$out/speed_gpu_$dtype.md"
 done
+# tab:peers at the paper's N_max (26 NaturalQA fragments): full prefill, vanilla, MemDefrag and the peers, bf16
+memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --sizes 26 --repeats 3 --data-dir "$data" \
+  --methods none text vanilla memdefrag ape epic cacheblend --out "$out/peers_speed_gpu_bfloat16.md"
 [ -d "$ckpt" ] || memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --save-random "$ckpt"
 model="model=hf model.source=$ckpt model.name=llama31_8b_random model.dtype=bfloat16 model.tracer_layer=13
        model.query_mode=last model.memory_capacity=12800"

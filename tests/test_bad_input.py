@@ -81,6 +81,8 @@ CASES = [
     (["forgetting=random", "model.memory_capacity=null"], "capacity=None must be a positive"),
     (["forgetting=informativeness", "model.memory_capacity=20"], "forgetting.capacity=20 is smaller than a fragment"),
     (["forgetting=random_layerwise", "method=text"], "method=text has no layers"),
+    (["forgetting=random_layerwise", "method=epic"], "method=epic recomputes memory tokens from their ids, which must "
+     "be the same at every layer"),
     (["shard=3/2"], "shard"),
     (["shard=x"], "shard"),
     ([NQA_MISSING, "task.data_dir=/nowhere"], "task.data_dir='/nowhere' has no folder nqa/"),

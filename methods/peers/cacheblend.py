@@ -26,6 +26,7 @@ class CacheBlend(Peer):
     recomputed through it."""
 
     phase = "check"
+    recomputes = True
 
     def __init__(self, ratio: float = 0.16, check_layer: int = 1, select: int | None = None,
                  tracer_layer: int | None = 0, query_mode: QueryMode | None = "last"):

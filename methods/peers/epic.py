@@ -18,6 +18,7 @@ class EPIC(Peer):
     """k: tokens recomputed at the start of every fragment (0: vanilla)."""
 
     backends = ("fast", "hidden_prefix")
+    recomputes = True
 
     def __init__(self, k: int = 32, select: int | None = None, tracer_layer: int | None = 0,
                  query_mode: QueryMode | None = "last"):
