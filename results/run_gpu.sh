@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU figures on one GPU with random weights of Llama-3.1-8B's shape (speed and memory only, never accuracy):
-# the per-question speed table in bf16 and fp16, the peers' time to first token at N_max (tab:peers), then the paper's tab:runtime (a 50-update group, Top-1 and
-# vanilla, informativeness forgetting, asked at 10..50) and tab:gpu-memory (step 50, memory full at N_max)
+# the per-question speed table in bf16 and fp16, the peers' time to first token at N_max (tab:peers), then the
+# paper's tab:runtime (a 50-update group, Top-1 and vanilla, informativeness forgetting, asked at 10..50) and
+# tab:gpu-memory (step 50, memory full at N_max)
 # through the harness on a saved random checkpoint; then MemoryLLM and M+ of the same size (random checkpoints of
 # memoryllm-8b's and mplus-8b's shapes) over a 50-update group each, for their columns of tab:runtime.
 # Usage: MEMDEFRAG_DATA=<folder with nqa/ and squad/> results/run_gpu.sh   (env OUT, default results/gpu;
