@@ -289,11 +289,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:
-    """Every timing, the total against the no-memory question's, and whether both backends agree."""
+    """Every timing, the total against the no-memory question's, the time to first token against full prefill's
+    (text) and MemDefrag Top-1's where they ran, and whether both backends agree."""
     none = frame[frame.method == "none"].set_index("n")["total_s"]
     frame = frame.assign(vs_none=frame["total_s"] / frame["n"].map(none),
                          update_vs_none=frame["update_total_s"] / frame["n"].map(none),
                          recomputed_share=frame.pop("recomputed") / frame["memory_tokens"])
+    for reference in ("text", "memdefrag_top1"):          # the first token against full prefill and MemDefrag's
+        base = frame[(frame.method == reference) & (frame.backend == "fast")].set_index("n")["ttft_s"]
+        if len(base):
+            frame[f"ttft_vs_{reference}"] = frame["ttft_s"] / frame["n"].map(base)
     fast = frame[frame.backend == "fast"].set_index(["n", "method"])
     slow = frame[frame.backend != "fast"]
     if not slow.empty:

@@ -56,6 +56,7 @@ def test_the_benchmark_times_the_peers_and_what_share_of_the_memory_they_recompu
     share = {key: float(row["recomputed_share"]) for key, row in rows.items()}
     assert share["text fast"] == 1 and share["ape fast"] == 0 and 0 < share["epic fast"] < share["cacheblend fast"] < 1
     assert rows["epic hidden_prefix"]["same_output"] == "yes"     # the same answers on both backends
+    assert float(rows["text fast"]["ttft_vs_text"]) == 1 and float(rows["epic fast"]["ttft_vs_text"]) > 0
 
 
 def test_each_sessions_peak_memory_is_its_own_while_sessions_take_turns(monkeypatch):
