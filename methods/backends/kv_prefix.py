@@ -185,11 +185,12 @@ class KVPrefixBackend:
         return out.logits[0], cache, start + len(prompt_ids)
 
     @torch.no_grad()
-    def deviations(self, memory: LatentMemory, layer: int) -> torch.Tensor:
+    def deviations(self, memory: LatentMemory, layer: int, room: int = 256) -> torch.Tensor:
         """CacheBlend's check: every memory position recomputed through `layer`; per position 1..N, the squared
         distance of its recomputed values at `layer` from the stored ones (summed over heads and width). The
-        recomputed cache is kept for a prefill of the same memory that recomputes through `layer`."""
-        cache = self.cache(memory, room=256)
+        recomputed cache (`room` positions to grow: the tokens recomputed next, the prompt, the answer) is kept
+        for a prefill of the same memory that recomputes through `layer`."""
+        cache = self.cache(memory, room=room)
         stored = cache.layers[layer].values.clone()
         recompute_through(self.model, cache, memory.text_ids(), layer)
         self.checked = ([memory.sink, *memory.fragments], layer, cache)

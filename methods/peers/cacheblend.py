@@ -42,5 +42,6 @@ class CacheBlend(Peer):
                               f"{num_layers} (0..{num_layers - 1})")
 
     def reading(self, view: LatentMemory, backend) -> Reading:
-        chosen = most_deviating(backend.deviations(view, self.check_layer), self.ratio)
+        room = int(self.ratio * view.n_tokens) + 512          # the chosen tokens, a prompt and its answer
+        chosen = most_deviating(backend.deviations(view, self.check_layer, room), self.ratio)
         return Reading(recompute=chosen, recompute_through=self.check_layer)
