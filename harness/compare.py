@@ -5,7 +5,9 @@ config, less the settings that do not change an answer (threads, logger, resume)
 --ignore (e.g. paths, seeds). For each pair: the questions whose output changed (both outputs), correctness
 flips, every other recorded value that moved (the target's density rank, memory size, LongBench's
 metrics, a probe's ranks), the per-step metrics' deltas, and the time ratio B/A per phase. Text must be
-equal; numbers within --tol (absolute, default 1e-6: float noise); timings never fail unless
+equal; numbers within --tol (absolute, default 1e-6: float noise), what another model scores from the
+answer's text (BERTScore) within --tol-scored (default 1e-4: it moves with that model's library, e.g. a
+transformers release, when no answer moved); timings never fail unless
 --max-slowdown is given. Exit 0 when every pair is equal, 1 otherwise, 2 on bad input. A Markdown report
 goes to stdout (or --markdown FILE) and a machine-readable one to --json FILE.
 """
@@ -27,12 +29,19 @@ from harness.summary import run_folders
 IDENTITY = ("group", "step", "position", "subset", "id", "layer")     # what names a question within a run
 TIMING = ("seconds",)
 IGNORED = ResultFolder.FREE
+SCORED = ("bertscore",)                # numbers computed by another model from the answer's text
 
 
 @dataclass
 class Tolerance:
     numbers: float = 1e-6                  # absolute, on every recorded number and metric
     max_slowdown: float | None = None      # B/A total time above this fails (None: timings never fail)
+    scored: float = 1e-4                   # absolute, on what another model scores (SCORED): it moves with that
+                                           # model's library (BERTScore's embeddings), not with the answer
+
+    def of(self, name: str) -> float:
+        """The tolerance on the recorded value or metric `name`."""
+        return self.scored if name in SCORED else self.numbers
 
 
 @dataclass
@@ -99,11 +108,11 @@ def compare_runs(name: str, a: Path, b: Path, tolerance: Tolerance) -> PairRepor
     for question in sorted(left.keys() & right.keys(), key=str):
         x, y = left[question], right[question]
         for key in sorted((x.keys() | y.keys()) - set(IDENTITY) - set(TIMING)):
-            if same(x.get(key), y.get(key), tolerance.numbers):
+            if same(x.get(key), y.get(key), tolerance.of(key)):
                 continue
             entry = {"question": dict(question), "field": key, "a": x.get(key), "b": y.get(key)}
             (report.flips if key == "correct" else report.changed).append(entry)
-    report.metrics = metric_deltas(a, b, tolerance.numbers)
+    report.metrics = metric_deltas(a, b, tolerance)
     report.time_ratio = time_ratios(left.values(), right.values())
     if tolerance.max_slowdown is not None and report.time_ratio.get("total", 1.0) > tolerance.max_slowdown:
         report.slow = True
@@ -123,8 +132,8 @@ def same(x, y, tol: float) -> bool:
     return x == y
 
 
-def metric_deltas(a: Path, b: Path, tol: float) -> list[dict]:
-    """Per row of metrics.csv (a step, a layer, a subset): every number that moved beyond `tol`."""
+def metric_deltas(a: Path, b: Path, tolerance: Tolerance) -> list[dict]:
+    """Per row of metrics.csv (a step, a layer, a subset): every number that moved beyond its tolerance."""
     files = [folder / "metrics.csv" for folder in (a, b)]
     if not all(f.is_file() for f in files):
         return []
@@ -134,7 +143,7 @@ def metric_deltas(a: Path, b: Path, tol: float) -> list[dict]:
     for (_, x), (_, y) in zip(left.iterrows(), right.iterrows()):
         row = {k: x[k] for k in keys if k in x}
         for column in (c for c in left.columns if c not in keys and c in right.columns):
-            if not same(float(x[column]), float(y[column]), tol):
+            if not same(float(x[column]), float(y[column]), tolerance.of(column)):
                 out.append({"row": row, "metric": column, "a": float(x[column]), "b": float(y[column]),
                             "delta": float(y[column]) - float(x[column])})
     if len(left) != len(right):
@@ -205,17 +214,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("b", type=Path)
     parser.add_argument("--ignore", nargs="*", default=[], help="config keys (dotted) that do not pair runs")
     parser.add_argument("--tol", type=float, default=Tolerance.numbers, help="absolute tolerance on numbers")
+    parser.add_argument("--tol-scored", type=float, default=Tolerance.scored,
+                        help="absolute tolerance on what another model scores (BERTScore)")
     parser.add_argument("--max-slowdown", type=float, default=None, help="fail when B takes longer than this x A")
     parser.add_argument("--markdown", type=Path, help="write the report here instead of stdout")
     parser.add_argument("--json", type=Path, help="also write a machine-readable report here")
     args = parser.parse_args(argv)
     with stops_on_config_error("memdefrag compare"):
-        if args.tol < 0 or (args.max_slowdown is not None and args.max_slowdown <= 0):
-            raise ConfigError(f"--tol {args.tol} must be >= 0 and --max-slowdown {args.max_slowdown} > 0")
+        for option, value in (("--tol", args.tol), ("--tol-scored", args.tol_scored)):
+            if value < 0:
+                raise ConfigError(f"{option} {value} must be >= 0")
+        if args.max_slowdown is not None and args.max_slowdown <= 0:
+            raise ConfigError(f"--max-slowdown {args.max_slowdown} must be > 0")
         for option, path in (("--markdown", args.markdown), ("--json", args.json)):
             if path is not None and not path.absolute().parent.is_dir():
                 raise ConfigError(f"{option} {path}: its folder does not exist")
-        reports, unpaired = compare(args.a, args.b, tuple(args.ignore), Tolerance(args.tol, args.max_slowdown))
+        reports, unpaired = compare(args.a, args.b, tuple(args.ignore), Tolerance(args.tol, args.max_slowdown,
+                                                                                      args.tol_scored))
     text = markdown(reports, unpaired)
     if args.markdown:
         atomic_write(args.markdown, text)

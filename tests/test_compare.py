@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness import cli
-from harness.compare import Tolerance, compare
+from harness.compare import Tolerance, compare, compare_runs
 
 RECORDS = [{"group": g, "step": s, "output": f"answer {g} {s}", "correct": s == 1, "target_rank": 1 + g,
             "seconds": {"trace": 0.1, "generate": 1.0}} for g in (0, 1) for s in (1, 2)]
@@ -112,8 +112,21 @@ def test_the_command_exits_0_equal_1_different_2_bad_input_and_writes_both_repor
     assert machine["equal"] is False and machine["pairs"][0]["changed"][0]["b"] == "another answer"
     for bad, message in (([tmp_path / "nowhere", tmp_path / "b"], "no such folder"),
                          ([tmp_path / "a", tmp_path / "b", "--tol", "-1"], "--tol -1.0 must be >= 0"),
+                         ([tmp_path / "a", tmp_path / "b", "--tol-scored", "-0.5"], "--tol-scored -0.5 must be >= 0"),
                          ([tmp_path / "a", tmp_path / "b", "--json", tmp_path / "no" / "r.json"], "does not exist"),
                          ([tmp_path / "a"], "the following arguments are required: b")):
         code, out = run_cli(bad, monkeypatch, capsys)
         lines = out.err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and message in lines[0], lines
+
+
+def test_what_another_model_scores_is_compared_within_its_own_tolerance(tmp_path):
+    """BERTScore moves with its model's library when no answer moved: 1e-4 on it, 1e-6 on everything else."""
+    for side, score, f1 in (("a", 9.9527321, 0.5), ("b", 9.9527418, 0.5)):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "predictions.jsonl").write_text(json.dumps(
+            {"group": 0, "id": "x", "output": "same", "bertscore": score, "f1": f1}) + "\n")
+    report = compare_runs("pair", tmp_path / "a", tmp_path / "b", Tolerance())
+    assert report.equal
+    report = compare_runs("pair", tmp_path / "a", tmp_path / "b", Tolerance(scored=1e-6))
+    assert [c["field"] for c in report.changed] == ["bertscore"]
