@@ -304,7 +304,7 @@ def rankers_section(root, runs, figures) -> Section:
 
 def peer_row(run: Run) -> dict:
     """Accuracy (%) per step; at the last step, the time to first token (every phase before decoding) and the
-    memory tokens read; seconds per question over all steps; over the run's finished groups."""
+    memory tokens stored; seconds per question over all steps; over the run's finished groups."""
     frame = finished_records(run)
     seconds = pd.DataFrame(list(frame["seconds"]), index=frame.index)
     asked = seconds.drop(columns=[c for c in UPDATE_PHASES if c in seconds])     # the question's own phases
@@ -312,7 +312,7 @@ def peer_row(run: Run) -> dict:
     to_first_token = asked.drop(columns="decode").sum(axis=1)
     return {"model": run.model, "dataset": run.config["task"]["dataset"], "method": run.config["method"]["label"],
             **accuracy_by_step(frame), f"ttft s@{last['step'].max()}": to_first_token[last.index].mean(),
-            "s/question": asked.sum(axis=1).mean(), "memory tokens read": last["memory_tokens"].mean(),
+            "s/question": asked.sum(axis=1).mean(), "memory tokens stored": last["memory_tokens"].mean(),
             "groups": frame["group"].nunique()}
 
 
