@@ -316,20 +316,22 @@ def peer_row(run: Run) -> dict:
             "groups": frame["group"].nunique()}
 
 
+PEERS = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "peers.yaml"      # its methods' order
+
+
 def peers_section(root, runs, figures) -> Section:
     """`tab:peers`: MemDefrag against the other training-free fixes (APE, EPIC, CacheBlend), full prefill and the
     floors on the same memory, from experiment=peers; the figure of accuracy against time to first token; and
     memdefrag-bench's time to first token at the paper's N_max (results/peers/speed_*.md)."""
     section = Section("tab:peers", "The other training-free fixes on the same memory: accuracy (%) at n updates, "
                       "time to first token at the last step, seconds per question")
-    chosen = [r for r in runs if r.study == "peers"]
+    chosen = [r for r in runs if r.study == "peers"]         # rows in experiment=peers' order of methods
     speed = sorted((root / "peers").glob("speed*.md"))
     section.after = "\n\n".join(f"`peers/{f.name}`: " + f.read_text().strip() for f in speed)
     if not chosen:
         section.missing = "no runs yet: memdefrag experiment=peers"
         return section
-    order = {label: i for i, label in enumerate(["none", "text", "vanilla", "memdefrag_top1", "memdefrag_top2", "ape",
-                                                 "ape_sharp", "epic", "epic_top2", "cacheblend"])}
+    order = {label: i for i, label in enumerate(OmegaConf.load(PEERS).hydra.sweeper.params.method.split(","))}
     table = pd.DataFrame([peer_row(r) for r in chosen])
     table = table.sort_values(["model", "dataset", "method"], key=lambda c: c.map(order).fillna(len(order))
                               if c.name == "method" else c, kind="stable")

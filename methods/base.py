@@ -38,8 +38,14 @@ class Reading:
     temperature: float = 1.0
     scale: float = 1.0
 
-    def attention(self, model, memory: LatentMemory):
-        """What the prompt and the answer's tokens are read under: APE's merged attention where parallel."""
+    @property
+    def recomputes(self) -> bool:
+        """Whether any memory position is recomputed."""
+        return self.recompute_through >= 0 or (self.recompute is not None and len(self.recompute) > 0)
+
+    def attention(self, model, memory: LatentMemory | None):
+        """What the prompt and the answer's tokens are read under: APE's merged attention where parallel (the
+        model's own otherwise, also with no latent memory)."""
         if not self.parallel:
             return nullcontext()
         return parallel_attention(model, (1, 1 + memory.n_tokens), self.temperature, self.scale)

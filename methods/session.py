@@ -5,7 +5,6 @@ This is the shared machinery every method uses; methods only choose the Plan.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -114,7 +113,7 @@ class Session:
         plan = self.method.plan(self.memory, prompt_ids, self.backend, Question(question, frozenset(targets)))
         t1 = clock(device)
         latent = plan.latent
-        with plan.reading.attention(self.model, latent) if latent is not None else nullcontext():
+        with plan.reading.attention(self.model, latent):
             if latent is not None:
                 logits, cache, position = self.backend.prefill(latent, prompt_ids, room=max_new_tokens,
                                                                logits_to_keep=1, reading=plan.reading)

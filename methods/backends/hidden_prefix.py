@@ -68,20 +68,19 @@ class HiddenPrefixBackend:
         """Any decoder with a stack of layers: nothing to refuse before its weights load."""
 
     def _run(self, memory: LatentMemory, prompt_ids: torch.Tensor, reading: Reading = Reading(), **kwargs):
+        if reading.parallel:
+            raise ValueError("backend=hidden_prefix reads the fragments at contiguous positions; a parallel reading "
+                             "(APE) needs backend=fast")
+        if reading.recomputes and getattr(self.model.config.get_text_config(), "hidden_size_per_layer_input", None):
+            raise ValueError(f"backend=hidden_prefix feeds placeholders at memory positions, and model type "
+                             f"{self.model.config.model_type!r} reads per-layer embeddings of every input token: "
+                             f"recomputing memory positions needs backend=fast")
         states = memory.stacked("states", dim=1)                       # [L, 1+N, hidden]
         embed = embeddings(self.model)
         prompt = embed(prompt_ids.view(1, -1).to(self.model.device))
         dummy = prompt.new_zeros(1, states.shape[1], prompt.shape[-1])
         inputs = torch.cat([dummy, prompt], dim=1)
         positions = torch.arange(inputs.shape[1], device=self.model.device).view(1, -1)
-        if reading.parallel:
-            raise ValueError("backend=hidden_prefix reads the fragments at contiguous positions; a parallel reading "
-                             "(APE) needs backend=fast")
-        recomputes = reading.recompute_through >= 0 or (reading.recompute is not None and len(reading.recompute))
-        if recomputes and getattr(self.model.config.get_text_config(), "hidden_size_per_layer_input", None):
-            raise ValueError(f"backend=hidden_prefix feeds placeholders at memory positions, and model type "
-                             f"{self.model.config.model_type!r} reads per-layer embeddings of every input token: "
-                             f"recomputing memory positions needs backend=fast")
         with stored_prefix(self.model, states, reading):
             return self.model(inputs_embeds=inputs, position_ids=positions, **kwargs), states.shape[1]
 

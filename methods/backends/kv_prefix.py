@@ -172,11 +172,11 @@ class KVPrefixBackend:
                 reading: Reading = Reading()):
         """The last `logits_to_keep` (0: all p) prompt logits [., vocab], the cache to decode with, and the
         next position; the memory read as `reading` says (recomputed positions, parallel positions)."""
-        extra = 0 if reading.recompute is None else len(reading.recompute)
+        room += len(prompt_ids) + (0 if reading.recompute is None else len(reading.recompute))
         if reading.recompute_through >= 0:
-            cache = self._checked(memory, reading.recompute_through)
+            cache = self._checked(memory, reading.recompute_through, room)
         else:
-            cache = self.cache(memory, room=len(prompt_ids) + room + extra, parallel=reading.parallel)
+            cache = self.cache(memory, room=room, parallel=reading.parallel)
         if reading.recompute is not None:
             recompute(self.model, cache, memory.text_ids(), reading.recompute)
         longest = max((len(f) for f in memory.fragments), default=0)
@@ -196,15 +196,15 @@ class KVPrefixBackend:
         self.checked = ([memory.sink, *memory.fragments], layer, cache)
         return ((cache.layers[layer].values - stored).float() ** 2).sum(dim=(0, 1, 3))[1:].cpu()
 
-    def _checked(self, memory: LatentMemory, layer: int) -> Cache:
-        """The cache `deviations` recomputed through `layer` for this memory (once), or a fresh one."""
+    def _checked(self, memory: LatentMemory, layer: int, room: int) -> Cache:
+        """The cache `deviations` recomputed through `layer` for this memory (used once), or, for another
+        memory, one recomputed now with `room` positions to grow."""
         frags, checked, self.checked = [memory.sink, *memory.fragments], self.checked, None
-        if checked is not None and checked[1] == layer and len(checked[0]) == len(frags) and \
-                all(a is b for a, b in zip(checked[0], frags)):
-            return checked[2]
-        cache = self.cache(memory, room=256)
-        recompute_through(self.model, cache, memory.text_ids(), layer)
-        return cache
+        if checked is None or checked[1] != layer or len(checked[0]) != len(frags) or \
+                any(a is not b for a, b in zip(checked[0], frags)):
+            self.deviations(memory, layer, room)
+            checked, self.checked = self.checked, None
+        return checked[2]
 
     @torch.no_grad()
     def attention_rows(self, memory: LatentMemory, prompt_ids: torch.Tensor, layers: list[int]):
