@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from evals.retention import Retention
 from harness.errors import ConfigError, OneLineParser, stops_on_config_error
@@ -89,29 +89,50 @@ PEERS = ("text", "ape", "epic", "cacheblend")        # full prefill and the othe
 EMBEDDED = ModelSpec("smollm2", "smollm2", tracer_layer=18, query_mode="mean")
 
 
-def build(shape: str | None, device: str, dtype: str):
-    """(model, tokenizer, tracer layer, query mode): the embedded SmolLM2, or a random model of `shape`
-    (its prompts tokenized by SmolLM2's tokenizer, whose ids all lie inside its vocabulary)."""
+def tokenizer_of(folder: str | None):
+    """The random shapes' tokenizer: the one in `folder` (a GPU node without the embedded model), or SmolLM2's,
+    whose ids all lie inside every shape's vocabulary; one line where `folder` holds none."""
+    if folder is None:
+        return check_source(EMBEDDED)[1]
+    if not Path(folder).is_dir():
+        raise ConfigError(f"--tokenizer {folder}: not a folder; give a folder holding a tokenizer (tokenizer.json "
+                          f"and tokenizer_config.json, as save_pretrained writes them)")
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"--tokenizer {folder}: no tokenizer can be loaded from it ({reason}); give a folder "
+                          f"holding one (tokenizer.json and tokenizer_config.json, as save_pretrained writes them)")
+
+
+def build(shape: str | None, device: str, dtype: str, tokenizer: str | None = None):
+    """(model, tokenizer, tracer layer, query mode): the embedded SmolLM2, or a random model of `shape` (its
+    prompts tokenized by the tokenizer in folder `tokenizer`, SmolLM2's by default)."""
     if shape is None:
         model, tokenizer = load(ModelSpec(EMBEDDED.name, EMBEDDED.source, dtype=dtype, device=device))
         return model, tokenizer, EMBEDDED.tracer_layer, EMBEDDED.query_mode
     chosen = SHAPES[shape]
+    tokens = tokenizer_of(tokenizer)
+    vocabulary = chosen.config["vocab_size"]
+    if len(tokens) > vocabulary:
+        raise ConfigError(f"--tokenizer {tokenizer}: {len(tokens)} ids do not fit shape {shape}'s vocabulary of "
+                          f"{vocabulary}")
     torch.manual_seed(0)
     with torch.device(pick_device(device)):
         model = AutoModelForCausalLM.from_config(chosen.config_class(**chosen.config), dtype=DTYPES[dtype]).eval()
     grouped_sdpa_on_cpu(model.device)
-    return model, check_source(EMBEDDED)[1], chosen.tracer_layer, chosen.query_mode
+    return model, tokens, chosen.tracer_layer, chosen.query_mode
 
 
-def save_random(shape: str, folder: str, device: str, dtype: str) -> None:
-    """A loadable checkpoint of `shape` with random weights and SmolLM2's tokenizer, for whole harness runs
+def save_random(shape: str, folder: str, device: str, dtype: str, tokenizer: str | None = None) -> None:
+    """A loadable checkpoint of `shape` with random weights and the shape's tokenizer, for whole harness runs
     (`memdefrag model=hf model.source=<folder>`) of a real shape where real weights cannot travel."""
-    model, tokenizer, _, _ = build(shape, device, dtype)
+    model, tokens, _, _ = build(shape, device, dtype, tokenizer)
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        setattr(model.config, name, getattr(tokenizer, name))
-        setattr(model.generation_config, name, getattr(tokenizer, name))
+        setattr(model.config, name, getattr(tokens, name))
+        setattr(model.generation_config, name, getattr(tokens, name))
     model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    tokens.save_pretrained(folder)
 
 
 class PeakMemory:
@@ -217,6 +238,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES), help="a random model of this shape")
     parser.add_argument("--out", default=None, help="also write the table as Markdown here")
     parser.add_argument("--save-random", metavar="FOLDER", help="only save a random checkpoint of --shape there")
+    parser.add_argument("--tokenizer", metavar="FOLDER", help="--shape's tokenizer (default: the embedded SmolLM2's)")
     args = parser.parse_args(argv)
     with stops_on_config_error("memdefrag-bench"):
         numbers = {"--threads": args.threads, "--repeats": args.repeats, "--new-tokens": args.new_tokens,
@@ -227,9 +249,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         check_device(args.device, "--device")
         if args.save_random and not args.shape:
             raise ConfigError("--save-random needs --shape (the embedded model has real weights already)")
+        if args.tokenizer and not args.shape:
+            raise ConfigError(f"--tokenizer {args.tokenizer}: needs --shape (the embedded model brings its own)")
         if args.out:
             writable_file("--out", args.out)
-        retention(args, max(args.sizes)).groups(check_source(EMBEDDED)[1])     # data for every size, or one line
+        tokenizer = tokenizer_of(args.tokenizer)
+        if not args.save_random:                  # saving a random checkpoint reads no data
+            retention(args, max(args.sizes)).groups(tokenizer)     # data for every size, or one line
     return args
 
 
@@ -247,10 +273,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     torch.set_num_threads(args.threads)
     if args.save_random:
-        save_random(args.shape, args.save_random, args.device, args.dtype)
+        save_random(args.shape, args.save_random, args.device, args.dtype, args.tokenizer)
         print(args.save_random)
         return
-    model, tokenizer, tracer_layer, query_mode = build(args.shape, args.device, args.dtype)
+    model, tokenizer, tracer_layer, query_mode = build(args.shape, args.device, args.dtype, args.tokenizer)
     methods = {"none": NoMemory(), "text": TextMemory(), "vanilla": Vanilla(),
                **{f"memdefrag_top{k}": MemDefrag(k, tracer_layer, query_mode) for k in args.k},
                "ape": APE(), "epic": EPIC(), "cacheblend": CacheBlend()}

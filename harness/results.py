@@ -44,12 +44,20 @@ PACKAGES = ("torch", "transformers", "hydra-core", "wandb", "memdefrag")
 
 
 def git_hash() -> str | None:
+    """The commit of the checkout this code runs from; None where the code is not a checkout's own (an installed
+    wheel, or an exported copy that lies inside some other repository, whose commit says nothing of it)."""
+    here = Path(__file__).resolve()
+    project = here.parents[1]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True, cwd=project).stdout
+
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+        top, head = git("rev-parse", "--show-toplevel", "HEAD").split()
+        git("ls-files", "--error-unmatch", str(here.relative_to(project)))      # this code is the checkout's
+    except (OSError, subprocess.CalledProcessError, ValueError):
         return None
+    return head if Path(top).resolve() == project else None
 
 
 def versions() -> dict[str, str | None]:

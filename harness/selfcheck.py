@@ -2,16 +2,27 @@
 
 The fast backend re-places stored keys with the positions it learned from the model (see
 methods.attention.positions). The first time a model is used with it (per model, dtype and device), two
-short fragments are stored, put in reversed order and asked about by both backends; the prompt's
-logits and every layer's densities must agree within the dtype's tolerance. A mismatch stops the
-run with one clear error. The verdict is cached (MEMDEFRAG_CACHE/selfcheck/), so it costs seconds once.
+short fragments are stored, put in reversed order and asked about. The truth both backends approximate is
+the paper's hidden-prefix formulation computed in float32 (the weights upcast in place for the check, and
+restored exactly). In float32 the fast backend must match it within a float32 rounding tolerance. In a
+lower precision both formulations carry that precision's own rounding, which grows with depth (a 32-layer
+bf16 model is off by tenths of a logit), so a fixed tolerance refuses exact code: there the fast backend
+must come as close to the truth as the hidden-prefix formulation run in the same dtype does, within MARGIN,
+in logits and in every layer's densities, and give the truth's greedy answer wherever that formulation
+does. A real error (a position off by one, a wrong rotary base) moves the fast backend far past that bound.
+A mismatch stops the run with one clear error. The verdict is cached (MEMDEFRAG_CACHE/selfcheck/), so it
+costs seconds once.
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 import json
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 import torch
@@ -28,14 +39,21 @@ from methods.generation import greedy, stop_ids
 from methods.memory import LatentMemory
 from methods.attention.positions import RotaryError
 from methods.session import format_prompt
-from methods.attention.tracing import densities
+from methods.attention.tracing import QueryMode, densities
 
 FRAGMENTS = ("The lighthouse keeper of Port Alder is Mirela Voss, who paints gulls at dawn.",
              "Copper melts at 1085 degrees Celsius and conducts heat well.")
 QUESTION = "Who keeps the lighthouse of Port Alder?"
-# largest allowed difference, relative to the largest |logit| (densities: to the largest density)
-TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+# float32's rounding: the largest allowed difference from the truth, relative to the largest |logit|
+# (densities: to the largest density); every dtype is allowed at least this
+FLOAT32_TOLERANCE = 1e-4
+# in a lower precision, the fast backend may be off the truth by at most MARGIN times what the hidden-prefix
+# formulation in that precision is: on random 32-layer Llamas (10 seeds, bf16 and fp16) the fast backend's error
+# was 0.93-1.17x the reference's in logits and 0.43-1.37x in densities; a position off by one put it 7-126x
+# (logits) and 3.7-102x (densities) past it, a wrong rotary base 20-224x and 14-434x (tests/test_selfcheck.py)
+MARGIN = 2.0
 FALLBACK = "use backend=hidden_prefix (the paper's formulation, slower) for this model"
+VERDICT_KEYS = {"exact", "model_type", "dtype", "truth", "fast_logits_error", "fast_density_error"}
 
 
 def refuse_unsupported(backend_class, model_config) -> None:
@@ -46,40 +64,89 @@ def refuse_unsupported(backend_class, model_config) -> None:
         raise ConfigError(f"backend={backend_class.name} {err}: {FALLBACK}") from None
 
 
+@dataclass
+class Outcome:
+    """What one formulation gives: the prompt's logits [p, vocab], every layer's densities in both query modes
+    [2L, fragments] (fp32, on the host), its greedy answer's ids, and the memory it read (sink included)."""
+
+    logits: torch.Tensor
+    densities: torch.Tensor
+    answer: list[int]
+    memory_tokens: int
+
+
+@contextmanager
+def in_float32(model):
+    """The model's floating weights and buffers in float32 for the duration, each cast back to its own dtype
+    after: lossless both ways (bf16 and fp16 values are float32 values). The check's memory then holds the
+    weights once, at 4 bytes per parameter."""
+    lowered = [(tensor, tensor.dtype) for tensor in chain(model.parameters(), model.buffers())
+               if tensor.is_floating_point() and tensor.dtype != torch.float32]
+    for tensor, _ in lowered:
+        tensor.data = tensor.data.float()
+    try:
+        yield
+    finally:
+        for tensor, dtype in lowered:
+            tensor.data = tensor.data.to(dtype)
+
+
 @torch.no_grad()
-def compare(model, tokenizer, texts=FRAGMENTS, order=(1, 0), question=QUESTION, prompt="plain",
-            answer_tokens: int = 4) -> dict:
-    """Both backends on `texts` stored in turn, then arranged in `order` (reversed by default): the
-    largest logit and density differences, and whether greedy answers of `answer_tokens` agree."""
+def outcomes(model, tokenizer, backend_classes, texts, order, question, prompt, answer_tokens) -> list[Outcome]:
+    """Each backend's Outcome on `texts` stored in turn (formed in the model's current dtype), arranged in
+    `order`."""
     former = Former(model, tokenizer, "shared_sink", keep_kv=True, keep_states=True)
     memory = LatentMemory()
     for text in texts:
         former.store(memory, text)
     view, prompt_ids = memory.arranged(list(order)), format_prompt(tokenizer, question, prompt)
-    backends = KVPrefixBackend(model), HiddenPrefixBackend(model)
-    prefilled = [b.prefill(view, prompt_ids) for b in backends]                 # (logits, cache, position)
-    fast_logits, reference_logits = (logits for logits, _, _ in prefilled)
-    stop = stop_ids(model, tokenizer)
-    answers = [greedy(model, *state, answer_tokens, stop) for state in prefilled]
-    layers = list(range(model.config.get_text_config().num_hidden_layers))
-    fast_rows, reference_rows = (b.attention_rows(view, prompt_ids, layers) for b in backends)
-    density_diff, density_scale = 0.0, 0.0
-    for layer in layers:
-        for mode in ("last", "mean"):
-            a, b = (densities(rows[layer], view.spans(), mode) for rows in (fast_rows, reference_rows))
-            density_diff = max(density_diff, float((a - b).abs().max()))
-            density_scale = max(density_scale, float(b.abs().max()))
-    return {"memory_tokens": 1 + view.n_tokens,
-            "logits_max_diff": float((fast_logits.float() - reference_logits.float()).abs().max()),
-            "logits_scale": float(reference_logits.float().abs().max()),
-            "density_max_diff": density_diff, "density_scale": density_scale,
-            "same_greedy_answer": answers[0] == answers[1]}
+    stop, layers = stop_ids(model, tokenizer), list(range(model.config.get_text_config().num_hidden_layers))
+    found = []
+    for backend in (backend_class(model) for backend_class in backend_classes):
+        logits, cache, position = backend.prefill(view, prompt_ids)
+        answer = greedy(model, logits, cache, position, answer_tokens, stop)
+        rows = backend.attention_rows(view, prompt_ids, layers)
+        dens = torch.stack([densities(rows[layer], view.spans(), mode) for layer in layers for mode in QueryMode])
+        found.append(Outcome(logits.float().cpu(), dens.float().cpu(), answer, 1 + view.n_tokens))
+    return found
+
+
+@torch.no_grad()
+def compare(model, tokenizer, texts=FRAGMENTS, order=(1, 0), question=QUESTION, prompt="plain",
+            answer_tokens: int = 4) -> dict:
+    """Both backends in the model's dtype on `texts` stored in turn, then arranged in `order` (reversed by
+    default), each against the truth (the hidden-prefix formulation in float32): the largest logit and
+    density errors, whether each gives the truth's greedy answer of `answer_tokens`, and the truth's scales."""
+    args = (texts, order, question, prompt, answer_tokens)
+    fast, reference = outcomes(model, tokenizer, (KVPrefixBackend, HiddenPrefixBackend), *args)
+    truth = reference
+    if model.dtype != torch.float32:
+        with in_float32(model):
+            truth, = outcomes(model, tokenizer, (HiddenPrefixBackend,), *args)
+    found = {"memory_tokens": truth.memory_tokens, "truth": "hidden_prefix in float32",
+             "logits_scale": float(truth.logits.abs().max()), "density_scale": float(truth.densities.abs().max())}
+    for name, outcome in (("fast", fast), ("reference", reference)):
+        found |= {f"{name}_logits_error": float((outcome.logits - truth.logits).abs().max()),
+                  f"{name}_density_error": float((outcome.densities - truth.densities).abs().max()),
+                  f"{name}_answer_as_truth": outcome.answer == truth.answer}
+    return found
+
+
+def judged(found: dict) -> dict:
+    """The verdict on `compare`'s findings: the bounds the fast backend's errors were held to, and whether it
+    is exact (within them, and the truth's greedy answer wherever the reference in the same dtype gives it)."""
+    bounds = {kind: MARGIN * found[f"reference_{kind}_error"] + FLOAT32_TOLERANCE * max(floor, found[f"{kind}_scale"])
+              for kind, floor in (("logits", 1.0), ("density", 1e-6))}
+    exact = all(found[f"fast_{kind}_error"] <= bound for kind, bound in bounds.items()) and (
+        found["fast_answer_as_truth"] or not found["reference_answer_as_truth"])
+    return {**found, "logits_bound": bounds["logits"], "density_bound": bounds["density"], "margin": MARGIN,
+            "float32_tolerance": FLOAT32_TOLERANCE, "exact": exact}
 
 
 def _verdict_file(model, spec: ModelSpec):
     """Where the verdict for this model, dtype, device and code is kept (the code: the libraries' versions and
-    the source of methods/, so an edited backend is checked anew)."""
-    code = sorted(Path(methods.__path__[0]).rglob("*.py"))
+    the source of methods/ and of this check, so an edited backend or criterion is checked anew)."""
+    code = [*sorted(Path(methods.__path__[0]).rglob("*.py")), Path(__file__)]
     source = hashlib.sha256(b"".join(path.read_bytes() for path in code)).hexdigest()
     identity = json.dumps([spec.source, spec.gguf_file, getattr(model, "name_or_path", ""), str(model.dtype),
                            model.device.type, model.config.to_json_string(), transformers.__version__,
@@ -95,35 +162,42 @@ def verify(backend, tokenizer, spec: ModelSpec) -> dict | None:
     model = backend.model
     path = _verdict_file(model, spec)
     verdict = read_json(path)                      # a verdict file cut short is checked anew
-    if not {"exact", "model_type", "dtype", "logits_max_diff", "density_max_diff"} <= verdict.keys():
+    if not VERDICT_KEYS <= verdict.keys():
         start = time.perf_counter()
         try:
             found = compare(model, tokenizer)
         except RotaryError as err:
             raise ConfigError(f"backend=fast: {err}: {FALLBACK}") from None
-        tolerance = TOLERANCE.get(model.dtype, TOLERANCE[torch.bfloat16])
-        exact = found["same_greedy_answer"] and (found["logits_max_diff"] <= tolerance * max(1.0, found["logits_scale"])
-                 and found["density_max_diff"] <= tolerance * max(1e-6, found["density_scale"]))
-        verdict = {**found, "tolerance": tolerance, "exact": exact, "seconds": time.perf_counter() - start,
-                   "model_type": model.config.model_type, "dtype": str(model.dtype).removeprefix("torch.")}
+        verdict = {**judged(found), "seconds": time.perf_counter() - start, "model_type": model.config.model_type,
+                   "dtype": str(model.dtype).removeprefix("torch.")}
         write_json(path, verdict)
     if not verdict["exact"]:
         raise ConfigError(
             f"backend=fast does not reproduce the paper's formulation on model type {verdict['model_type']!r} "
-            f"({verdict['dtype']}): logits differ by {verdict['logits_max_diff']:.3g}, densities by "
-            f"{verdict['density_max_diff']:.3g} (self-check, {path}); {FALLBACK}")
+            f"({verdict['dtype']}): against the hidden-prefix formulation in float32, its logits are off by "
+            f"{verdict['fast_logits_error']:.3g} (allowed {verdict['logits_bound']:.3g}), its densities by "
+            f"{verdict['fast_density_error']:.3g} (allowed {verdict['density_bound']:.3g})"
+            f"{'' if verdict['fast_answer_as_truth'] else ', its greedy answer differs'} "
+            f"(self-check, {path}); {FALLBACK}")
     return verdict
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m harness.selfcheck --model gemma3_270m`: both backends on one group's fragments of a
-    retention set, stored in order (vanilla) and as a reordered Top-2 view."""
+    """`python -m harness.selfcheck --model gemma3_270m`: both backends against the truth on one group's fragments
+    of a retention set, stored in order (vanilla) and as a reordered Top-2 view, with the verdict each would get;
+    `--shape llama31_8b --dtype bfloat16 --device cuda`: a random model of a real shape instead."""
     import pandas as pd
 
     from evals.retention import Retention
+    from harness.benchmark import SHAPES, build
+    from harness.models import DTYPES, load
 
     parser = OneLineParser(description=main.__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="a config in conf/model/")
+    parser.add_argument("--shape", default=None, choices=sorted(SHAPES), help="a random model of this shape")
+    parser.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: the model config's")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--tokenizer", default=None, help="a tokenizer folder for --shape (default: SmolLM2's)")
     parser.add_argument("--dataset", default="synthetic")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--fragments", type=int, default=20)
@@ -131,26 +205,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="also write the table as Markdown here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from hydra import compose, initialize_config_module
-
-    from harness.models import load
-    with initialize_config_module("conf", version_base="1.3"):
-        spec = ModelSpec.of(compose("config", overrides=[f"model={args.model}"]).model)
-    model, tokenizer = load(spec)
+    if args.shape:
+        model, tokenizer, _, _ = build(args.shape, args.device, args.dtype or "float32", args.tokenizer)
+        name, prompt = args.shape, "chat"
+    else:
+        from hydra import compose, initialize_config_module
+        overrides = [f"model={args.model}", f"model.device={args.device}"] + \
+            ([f"model.dtype={args.dtype}"] if args.dtype else [])
+        with initialize_config_module("conf", version_base="1.3"):
+            spec = ModelSpec.of(compose("config", overrides=overrides).model)
+        model, tokenizer = load(spec)
+        name, prompt = args.model, spec.prompt
     group = Retention(args.dataset, args.data_dir, groups=1, updates=args.fragments).groups(tokenizer)[0]
     texts = group.texts()
     n = len(texts)
     rows = []
     for view, order in (("vanilla", range(n)), ("reordered Top-2", (n - 1, 0))):
         start = time.perf_counter()
-        found = compare(model, tokenizer, texts, tuple(order), group.target.question, spec.prompt, 16)
-        rows.append({"model": args.model, "view": view, "fragments": len(order), **found,
-                     "seconds": round(time.perf_counter() - start, 1)})
-    table = pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3g")
+        found = judged(compare(model, tokenizer, texts, tuple(order), group.target.question, prompt, 16))
+        rows.append({"model": name, "dtype": str(model.dtype).removeprefix("torch."), "view": view,
+                     "fragments": len(order), **found, "seconds": round(time.perf_counter() - start, 1)})
+    table = pd.DataFrame(rows).drop(columns=["truth", "margin", "float32_tolerance"]).to_markdown(
+        index=False, floatfmt=".3g")
     print(table)
     if args.out:
-        Path(args.out).write_text(f"`python -m harness.selfcheck --model {args.model} --dataset {args.dataset} "
-                                  f"--fragments {args.fragments} --threads {args.threads}` (fp32, CPU)\n\n{table}\n")
+        command = " ".join(["python -m harness.selfcheck", *(sys.argv[1:] if argv is None else argv)])
+        Path(args.out).write_text(f"`{command}` (device {model.device}, {torch.get_num_threads()} threads; truth: "
+                                  f"the hidden-prefix formulation in float32, margin {MARGIN})\n\n{table}\n")
 
 
 if __name__ == "__main__":

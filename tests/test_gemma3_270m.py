@@ -21,4 +21,4 @@ def test_gemma3_270m_loads_with_a_plain_prompt_and_the_fast_backend_is_exact(tmp
                                                                    if i not in global_layers)
     monkeypatch.setenv("MEMDEFRAG_CACHE", str(tmp_path))      # a fresh verdict, not the cached one
     verdict = selfcheck.verify(KVPrefixBackend(model), tokenizer, ModelSpec.of(cfg.model))
-    assert verdict["exact"] and verdict["logits_max_diff"] < 1e-3
+    assert verdict["exact"] and verdict["fast_logits_error"] < 1e-3

@@ -124,11 +124,21 @@ def returned_weights(model, layers: list[int], prompt_len: int):
         yield rows
 
 
+def prompt_mask(attention_mask, prompt_len: int):
+    """The mask's rows [..., prompt_len, kv_len] of the last `prompt_len` queries (a 4-d mask has one row per
+    query; None, the causal mask, stays None)."""
+    if attention_mask is None or attention_mask.dim() < 4:
+        return attention_mask
+    return attention_mask[..., -prompt_len:, :]
+
+
 @contextmanager
 def recording_attention(model, layers: list[int], prompt_len: int):
-    """Record the head-averaged prompt attention rows of `layers` (decoder indices) during a forward
-    ; a traced layer's output comes from the same probabilities (`prompt_attention`), or, where the family
-    computes attention inline, from its own eager attention, whose weights it returns.
+    """Record the head-averaged attention rows of the last `prompt_len` queries (the prompt's) at `layers`
+    (decoder indices) during a forward, in O(prompt x keys) memory however many queries run before them (the
+    hidden-prefix formulation runs the memory's too). Where only the prompt runs, a traced layer's output comes
+    from the same probabilities (`prompt_attention`); where more run, from the model's own attention function.
+    A family that computes attention inline is traced from its own eager attention, whose weights it returns.
 
     Yields a dict layer -> [q_len, kv_len]; the forward raises StopForward after
     the last of them, so the caller runs it inside `until_stopped`.
@@ -144,12 +154,14 @@ def recording_attention(model, layers: list[int], prompt_len: int):
         idx = module.layer_idx
         if idx not in wanted:
             return inner(module, query, key, value, attention_mask, **kwargs)
-        probs = prompt_probabilities(query, key, attention_mask, kwargs.get("scaling"), kwargs.get("softcap"),
-                                     kwargs.get("s_aux"))
+        probs = prompt_probabilities(query[:, :, -prompt_len:], key, prompt_mask(attention_mask, prompt_len),
+                                     kwargs.get("scaling"), kwargs.get("softcap"), kwargs.get("s_aux"))
         rows[idx] = probs.mean(dim=1)[0]
         if idx == last:
             raise StopForward                           # nothing reads this layer's output
-        return attended(probs, value), None
+        if query.shape[2] == prompt_len:
+            return attended(probs, value), None
+        return inner(module, query, key, value, attention_mask, **kwargs)   # the memory's rows: not recorded
 
     with attention_calls(model, traced):
         yield rows

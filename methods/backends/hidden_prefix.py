@@ -16,7 +16,7 @@ from transformers import DynamicCache
 from methods.base import Reading
 from methods.memory import LatentMemory
 from methods.attention.decoder import embeddings, hooked, layers
-from methods.attention.tracing import eager_attention, returned_weights, until_stopped
+from methods.attention.tracing import recording_attention, until_stopped
 
 
 @contextmanager
@@ -95,7 +95,8 @@ class HiddenPrefixBackend:
 
     @torch.no_grad()
     def attention_rows(self, memory: LatentMemory, prompt_ids: torch.Tensor, layers: list[int]):
-        """Head-averaged prompt rows [p, S] of `layers`, read off eager attention weights [heads, S, S]."""
-        with eager_attention(self.model), returned_weights(self.model, layers, len(prompt_ids)) as rows:
+        """Head-averaged prompt rows [p, S] of `layers`: only the prompt's queries against every key are scored
+        (O(p x S) at a traced layer, never [heads, S, S]); the other layers run the model's own attention."""
+        with recording_attention(self.model, layers, len(prompt_ids)) as rows:
             until_stopped(self._run, memory, prompt_ids, use_cache=False)
         return rows

@@ -71,6 +71,12 @@ class MPlusMemory(SlotMemory):
         self.ages = np.concatenate([self.ages, np.tile(np.arange(states.shape[1])[::-1], (len(states), 1))], axis=1)
 
 
+def host(values: torch.Tensor) -> np.ndarray:
+    """A checkpoint's per-entry numbers (recall frequencies, ages) as float64 on the host, wherever the model is:
+    the bookkeeping is numpy's, as the authors' code keeps it."""
+    return values.detach().to("cpu", torch.float64).numpy()
+
+
 class MPlusWriter(PoolWriter):
     """Stores texts in an M+ checkpoint's pool, long-term memory and cache, as the authors' code does."""
 
@@ -80,8 +86,7 @@ class MPlusWriter(PoolWriter):
         super().__init__(model, tokenizer, generator)
         self.memory.ages = np.zeros(tuple(self.memory.states.shape[:2]))
         self.memory.long_term = [
-            LongTerm(states.detach(), keys.detach(), frequencies.detach().double().numpy(),
-                     ages.detach().int().double().numpy())
+            LongTerm(states.detach(), keys.detach(), host(frequencies), host(ages.detach().int()))
             for states, keys, frequencies, ages in zip(model.ltm, model.ltm_keys, model.ltm_recall_frequencies,
                                                        model.ltm_ages)]
 
