@@ -366,6 +366,12 @@ COMMAND_CASES = {   # the other commands: argv -> what the one line says ({tmp}:
     "bench of an unknown method": (["memdefrag-bench", "--methods", "nosuch"], "argument --methods: invalid choice"),
     "bench of a random model without a shape": (["memdefrag-bench", "--save-random", "{tmp}/x"],
                                                 "--save-random needs --shape"),
+    "bench with a tokenizer folder holding none": (["memdefrag-bench", "--shape", "tiny", "--tokenizer", "{tmp}"],
+                                                   "--tokenizer {tmp}: no tokenizer can be loaded from it"),
+    "bench with a tokenizer that is no folder": (["memdefrag-bench", "--shape", "tiny", "--tokenizer",
+                                                  "{tmp}/nowhere"], "--tokenizer {tmp}/nowhere: not a folder"),
+    "bench with a tokenizer for the embedded model": (["memdefrag-bench", "--tokenizer", "{tmp}"],
+                                                      "--tokenizer {tmp}: needs --shape"),
 }
 
 

@@ -1,6 +1,7 @@
 """memdefrag-bench end to end on a tiny random shape, the path a GPU run takes (--shape, --device, --dtype)."""
 
 import pandas as pd
+import pytest
 import torch
 
 from harness.benchmark import PeakMemory, main
@@ -33,6 +34,22 @@ def test_a_random_checkpoint_of_a_shape_runs_through_the_harness(tmp_path):
     cfg = tiny_run_config(str(tmp_path / "tiny"), "method=memdefrag_top2", "task.groups=1")
     metrics = run(cfg, str(tmp_path / "run"))
     assert list(metrics["step"]) == [1, 2, 3]
+
+
+def test_an_offline_gpu_node_saves_and_times_a_shape_with_a_tokenizer_folder_and_no_data(tmp_path, monkeypatch):
+    """What a GPU node without the embedded model has: a tokenizer folder; saving a random checkpoint reads no
+    data (--data-dir names none), and the bench takes its tokenizer from the folder, not from SmolLM2."""
+    from harness import benchmark
+
+    main(["--shape", "tiny", "--save-random", str(tmp_path / "first")])
+    monkeypatch.setattr(benchmark, "check_source", lambda spec: pytest.fail("the embedded model was read"))
+    main(["--shape", "tiny", "--save-random", str(tmp_path / "second"), "--tokenizer", str(tmp_path / "first"),
+          "--data-dir", str(tmp_path / "nowhere")])
+    assert (tmp_path / "second" / "tokenizer.json").is_file() and any((tmp_path / "second").glob("*.safetensors"))
+    out = tmp_path / "speed.md"
+    main(["--shape", "tiny", "--tokenizer", str(tmp_path / "second"), "--dataset", "synthetic", "--sizes", "2",
+          "--new-tokens", "2", "--repeats", "1", "--methods", "vanilla", "--out", str(out)])
+    assert "model=tiny (random weights)" in out.read_text()
 
 
 def test_the_benchmark_times_only_the_methods_asked_for(tmp_path):

@@ -1,0 +1,81 @@
+"""The GPU tier: `pytest -m gpu` on a machine with CUDA (skipped without one, so CI, which has none, skips it).
+What no CPU test reaches: every shipped experiment's tiny form on CUDA in float32, compared with the CPU regression
+cache; the same in bfloat16, to completion; the self-check in the low precisions on the device; `memdefrag-bench
+--device cuda` on a tiny shape with both backends. The float32 comparison allows 1e-4 on recorded numbers
+(densities, scores: CUDA's kernels sum in another order than the CPU's) and no changed answer: a flipped greedy
+token is a finding to explain (a near tie of two logits), not noise to loosen."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from harness.compare import Tolerance, compare_runs, markdown
+from harness.results import read_jsonl
+from harness.runner import run
+from tests.conftest import EXPERIMENTS, REGRESSION, sweep_points, tiny_run_config
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+STAND_INS = {"memoryllm_comparison": "tiny_memoryllm", "mplus_comparison": "tiny_mplus"}
+FLOAT32_ON_CUDA = Tolerance(numbers=1e-4)
+
+
+def tiny_runs_on_cuda(tmp_path, request, experiment: str, dtype: str):
+    """Each sweep point of `experiment` in the tiny form of tests/test_experiments.py, run on CUDA in `dtype`:
+    (its cached CPU run's name, its run folder)."""
+    checkpoint = request.getfixturevalue(STAND_INS.get(experiment, "tiny_checkpoint"))
+    for i, point in enumerate(sweep_points(experiment, keep_first=("model", "compression.rate"))):
+        cfg = tiny_run_config(checkpoint, f"experiment={experiment}", *point, "task.groups=1", "max_new_tokens=2",
+                              "model.memory_capacity=5000", "threads=1", "model.device=cuda",
+                              f"model.dtype={dtype}", small_task=False)
+        if "max_context_tokens" in cfg.task:
+            cfg.task.max_context_tokens = 200
+        metrics = run(cfg, str(tmp_path / str(i)))
+        assert len(metrics) and (tmp_path / str(i) / "run.json").is_file(), point
+        yield f"{experiment}/{i}", tmp_path / str(i)
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_on_cuda_in_float32_answers_as_the_cpu_regression_cache(tmp_path, request, experiment):
+    reports = [compare_runs(name, REGRESSION / name, folder, FLOAT32_ON_CUDA)
+               for name, folder in tiny_runs_on_cuda(tmp_path, request, experiment, "float32")]
+    assert all(r.equal for r in reports), "CUDA float32 (B) against the CPU cache (A):\n" + markdown(reports, [])
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_runs_on_cuda_in_bfloat16_to_completion(tmp_path, request, experiment):
+    for _, folder in tiny_runs_on_cuda(tmp_path, request, experiment, "bfloat16"):
+        records = read_jsonl(folder / "predictions.jsonl")
+        assert records and all(math.isfinite(v) for r in records for v in r.get("seconds", {}).values())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_the_self_check_judges_the_low_precisions_on_the_device(dtype, tokenizer, tmp_path, monkeypatch):
+    from harness import selfcheck
+    from harness.errors import ConfigError
+    from harness.models import ModelSpec
+    from methods.backends.kv_prefix import KVPrefixBackend
+    from tests.test_selfcheck import deep_llama, off_by_one
+
+    monkeypatch.setenv("MEMDEFRAG_CACHE", str(tmp_path))
+    assert selfcheck.verify(KVPrefixBackend(deep_llama(dtype).cuda()), tokenizer, ModelSpec("tiny", "tiny"))["exact"]
+    wrong = deep_llama(dtype).cuda()
+    off_by_one(wrong)
+    with pytest.raises(ConfigError):
+        selfcheck.verify(KVPrefixBackend(wrong), tokenizer, ModelSpec("tiny", "tiny"))
+
+
+def test_the_benchmark_on_cuda_times_both_backends_and_their_outputs_agree(tmp_path):
+    from harness.benchmark import main
+
+    out = tmp_path / "speed.md"
+    main(["--shape", "tiny", "--device", "cuda", "--sizes", "2", "3", "--new-tokens", "5", "--repeats", "2",
+          "--hidden-prefix", "--out", str(out)])
+    header, _, *lines = out.read_text().splitlines()
+    assert "device=cuda" in header
+    table = pd.DataFrame([[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]],
+                         columns=[c.strip() for c in lines[0].strip("|").split("|")])
+    assert set(table[table.backend == "hidden_prefix"].same_output) == {"yes"}
+    assert all(float(gb) > 0 for gb in table.peak_gb)
