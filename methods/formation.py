@@ -1,6 +1,6 @@
 """Memory formation: one fragment prefilled alone in one forward pass.
 
-Two formations, because a fragment prefilled alone turns its first token into
+Three formations, because a fragment prefilled alone turns its first token into
 an attention sink that inflates its density:
 - ``reference`` (the authors' code): the first stored fragment is tokenized with
   the tokenizer's special tokens and its first position becomes the memory's
@@ -8,6 +8,9 @@ an attention sink that inflates its density:
 - ``shared_sink``: every fragment is prefilled behind one shared sink token whose
   states are then dropped; the sink of the first fragment is kept once at
   memory position 0.
+- ``own_bos`` (EPIC's setting: every chunk begins with its own BOS): every fragment
+  is prefilled behind the same sink token as under ``shared_sink`` and keeps it;
+  the memory's sink is a copy of the first fragment's.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from methods.attention.decoder import hooked, layers
 from methods.attention.positions import Rotary, watching_rotary
 from methods.errors import one_of
 
-Formation = StrEnum("Formation", ["shared_sink", "reference"])   # see the module docstring
+Formation = StrEnum("Formation", ["shared_sink", "reference", "own_bos"])   # see the module docstring
 
 
 def sink_token_id(tokenizer) -> int:
@@ -83,7 +86,7 @@ class Former:
             ids = self.tokenizer(text, add_special_tokens=special)["input_ids"]
         else:                                   # the tokenizer's leading special tokens, then the kept ids
             ids = [*self.tokenizer("", add_special_tokens=special)["input_ids"], *kept]
-        if self.formation == "shared_sink":
+        if self.formation != "reference":
             ids = [sink_token_id(self.tokenizer), *ids]
         return torch.tensor(ids, dtype=torch.long)
 
@@ -103,11 +106,10 @@ class Former:
         """
         first = memory.sink is None
         whole = self.form(self.token_ids(text, first, kept), text, reuse)
-        has_sink_position = self.formation == "shared_sink" or first
-        if has_sink_position:
-            sink, whole = whole.take(torch.tensor([0])), whole.take(torch.arange(1, len(whole)))
-            if first:
-                memory.sink = sink
+        if first:
+            memory.sink = whole.take(torch.tensor([0]))
+        if self.formation == "shared_sink" or (first and self.formation == "reference"):    # its sink position
+            whole = whole.take(torch.arange(1, len(whole)))                                 # is not kept
         if len(whole) == 0:
             raise ValueError(f"fragment {text[:40]!r} is empty after tokenization")
         return whole

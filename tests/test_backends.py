@@ -23,7 +23,7 @@ def formed(model, tokenizer, formation, texts=FRAGMENTS):
     return memory
 
 
-@pytest.mark.parametrize("formation", ["reference", "shared_sink"])
+@pytest.mark.parametrize("formation", ["reference", "shared_sink", "own_bos"])
 @pytest.mark.parametrize("view", sorted(VIEWS))
 def test_fast_equals_hidden_prefix(family_model, tokenizer, formation, view):
     memory = formed(family_model, tokenizer, formation)
@@ -45,6 +45,17 @@ def test_fast_equals_hidden_prefix(family_model, tokenizer, formation, view):
         for mode in ("last", "mean"):
             torch.testing.assert_close(densities(fast_rows[layer], memory.spans(), mode),
                                        densities(ref_rows[layer], memory.spans(), mode), atol=1e-5, rtol=0)
+
+
+def test_own_bos_is_the_shared_sink_formation_with_each_fragments_sink_kept(llama, tokenizer):
+    """EPIC's setting: every fragment begins with its own sink position, the states after it those of shared_sink
+    (formed behind the same token), and the memory's sink the same."""
+    shared, own = formed(llama, tokenizer, "shared_sink"), formed(llama, tokenizer, "own_bos")
+    torch.testing.assert_close(own.sink.keys, shared.sink.keys, atol=0, rtol=0)
+    for a, b in zip(shared.fragments, own.fragments):
+        assert len(b) == len(a) + 1 and int(b.token_ids[0]) == int(own.sink.token_ids[0])
+        torch.testing.assert_close(b.keys[:, :, 1:], a.keys, atol=0, rtol=0)
+        torch.testing.assert_close(b.keys[:, :, :1], own.sink.keys, atol=0, rtol=0)
 
 
 def test_an_answer_computes_only_the_logits_it_reads(llama, tokenizer):
