@@ -26,7 +26,7 @@ from typing import Any, List, Optional
 import yaml
 from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class
-from omegaconf import MISSING, SI
+from omegaconf import MISSING, SI, OmegaConf
 
 from harness.models import ModelSpec
 from harness.runner import Backend
@@ -110,7 +110,10 @@ class RunSchema:
 
 
 def register() -> None:
-    """Store the run's schema and, for every YAML file of conf/ with a `_target_`, its plugin's."""
+    """Store the run's schema and, for every YAML file of conf/ with a `_target_`, its plugin's; and the
+    `folder` resolver that makes a label a folder name (spaces as '+', as `memdefrag collect` names them)."""
+    if not OmegaConf.has_resolver("folder"):
+        OmegaConf.register_new_resolver("folder", lambda label: str(label).replace(" ", "+"))
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunSchema)
     for path in sorted(CONF.glob("*/*.yaml")):

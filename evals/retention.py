@@ -16,6 +16,7 @@ import torch
 
 from evals import datasets
 from evals.qa import QAItem
+from evals.stats import wilson
 from methods.errors import ConfigError
 from methods.attention.tracing import ranks
 
@@ -132,10 +133,14 @@ def rank_of(fid: int, densities: dict[int, float]) -> int | None:
 
 
 def accuracy_by_step(records: list[dict]):
-    """Metrics table: accuracy, mean target rank and memory size per step."""
+    """Metrics table: accuracy with its n and 95 % Wilson interval, mean target rank and memory size per step."""
     import pandas as pd
 
     frame = pd.DataFrame(records)
-    return frame.groupby("step").agg(accuracy=("correct", "mean"), n=("correct", "size"),
-                                     target_rank=("target_rank", "mean"),
-                                     memory_tokens=("memory_tokens", "mean")).reset_index()
+    table = frame.groupby("step").agg(accuracy=("correct", "mean"), n=("correct", "size"),
+                                      target_rank=("target_rank", "mean"),
+                                      memory_tokens=("memory_tokens", "mean")).reset_index()
+    bounds = [wilson(int(round(a * n)), int(n)) for a, n in zip(table["accuracy"], table["n"])]
+    table.insert(3, "accuracy_low", [low for low, _ in bounds])
+    table.insert(4, "accuracy_high", [high for _, high in bounds])
+    return table

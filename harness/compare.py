@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
+from evals.stats import mcnemar
 from harness.errors import ConfigError, OneLineParser, stops_on_config_error
 from harness.results import ResultFolder, atomic_write, read_config, read_jsonl
 from harness.summary import run_folders
@@ -61,6 +62,14 @@ class PairReport:
     @property
     def equal(self) -> bool:
         return not (self.changed or self.flips or self.missing or self.metrics or self.slow)
+
+    @property
+    def chance(self) -> dict:
+        """Whether the correctness flips are more than chance: right only in A, right only in B, and McNemar's
+        exact p of that split (the questions both got right or both got wrong say nothing)."""
+        lost = sum(1 for f in self.flips if f["a"] and not f["b"])
+        gained = len(self.flips) - lost
+        return {"right_only_in_a": lost, "right_only_in_b": gained, "mcnemar_p": mcnemar(lost, gained)}
 
 
 def runs_in(root: Path) -> list[Path]:
@@ -178,8 +187,11 @@ def markdown(reports: list[PairReport], unpaired: list[tuple[str, str | None, st
             lines.append(f"- {len(report.missing)} questions answered on one side only: "
                          + ", ".join(f"{m['question']} ({m['in']})" for m in report.missing[:10]))
         if report.flips:
-            lines.append(f"- {len(report.flips)} correctness flips: "
-                         + ", ".join(f"{f['question']} {f['a']} -> {f['b']}" for f in report.flips[:10]))
+            chance = report.chance
+            verdict = "more than chance" if chance["mcnemar_p"] < 0.05 else "no more than chance"
+            lines.append(f"- {len(report.flips)} correctness flips ({chance['right_only_in_a']} right only in A, "
+                         f"{chance['right_only_in_b']} right only in B: McNemar's exact p {chance['mcnemar_p']:.2g}, "
+                         f"{verdict}): " + ", ".join(f"{f['question']} {f['a']} -> {f['b']}" for f in report.flips[:10]))
         outputs = [c for c in report.changed if c["field"] == "output"]
         if outputs:
             lines.append(f"- {len(outputs)} outputs changed:")
@@ -238,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         print(text, end="")
     if args.json:
         atomic_write(args.json, json.dumps({"equal": all(r.equal for r in reports) and not unpaired,
-                                            "pairs": [{**vars(r), "equal": r.equal} for r in reports],
+                                            "pairs": [{**vars(r), "equal": r.equal, "chance": r.chance} for r in reports],
                                             "unpaired": [{"name": n, "a": a, "b": b} for n, a, b in unpaired]},
                                            indent=1, default=str))
     sys.exit(0 if all(r.equal for r in reports) and not unpaired else 1)

@@ -75,11 +75,15 @@ def correlation_bars(table: pd.DataFrame, path: str | Path, title: str = "") -> 
 
 def accuracy_against_time(table: pd.DataFrame, accuracy: str, path: str | Path, time: str = "s/question",
                           name: str = "variant") -> None:
-    """One point per row of `table` (model, `name`, the `time` and `accuracy` columns), a colour per model: what
-    each method buys and costs."""
+    """One point per row of `table` (model, `name`, the `time` and `accuracy` columns; its interval's `low@n` and
+    `high@n` as an error bar where the table has them), a colour per model: what each method buys and costs."""
     fig, ax = plt.subplots(figsize=(8, 5))
+    low, high = accuracy.replace("acc@", "low@"), accuracy.replace("acc@", "high@")
     for model, rows in table.groupby("model"):
         points = ax.scatter(rows[time], rows[accuracy], label=model)
+        if low in rows and high in rows:           # the accuracy's interval as an error bar
+            ax.errorbar(rows[time], rows[accuracy], yerr=[rows[accuracy] - rows[low], rows[high] - rows[accuracy]],
+                        fmt="none", ecolor=points.get_facecolor()[0], alpha=0.5, capsize=2)
         for _, row in rows.iterrows():
             ax.annotate(row[name], (row[time], row[accuracy]), fontsize=6, alpha=0.8,
                         color=points.get_facecolor()[0], xytext=(3, 2), textcoords="offset points")

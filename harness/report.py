@@ -7,89 +7,21 @@ mean) followed by one generated section per paper table; a table without results
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import OmegaConf
 
 from evals.distortion import correlations
 from evals.longbench import longbench_table
 from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
+from harness.comparisons import peers_section, rankers_section
 from harness.errors import ConfigError, OneLineParser
-from harness.figures import accuracy_against_time, accuracy_curves
-from harness.plugins import declared_tables
-from harness.results import read_config, read_jsonl, read_run_info
+from harness.figures import accuracy_curves
+from harness.results import read_jsonl
+from harness.sections import BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, Run, Section, runs_under
 from harness.tracer_layers import recorded, tracers_file
-from harness.summary import accuracy_table, records_of, run_folders, run_labels
-
-DEFAULT_MODEL = "smollm2"     # the paper tables' backbone here; other models get sections of their own
-RELEASED = {"YuWangX/memoryllm-8b": "MemoryLLM-8B", "YuWangX/mplus-8b": "M+-8B"}   # baselines whose accuracy counts
-BASELINE_STUDIES = ("memoryllm_comparison", "mplus_comparison")
-
-
-@dataclass
-class Run:
-    folder: Path
-    config: dict
-    info: dict
-
-    @property
-    def tables(self) -> tuple[str, ...]:
-        """The tables its task declares it makes."""
-        return declared_tables(self.config["task"]["_target_"])
-
-    @property
-    def model(self) -> str:
-        return self.config["model"]["name"]
-
-    @property
-    def study(self) -> str | None:
-        """The experiment that made the run, where its tables take only their own runs."""
-        return self.config.get("study")
-
-    @property
-    def bounded(self) -> bool:
-        return self.config.get("forgetting", {}).get("label", "unbounded") != "unbounded"
-
-    @property
-    def baseline(self) -> bool:
-        """A released MemoryLLM or M+ checkpoint without defragmentation: a row of the paper's comparisons."""
-        return self.study in BASELINE_STUDIES and self.config["model"].get("source") in RELEASED \
-            and not self.config["method"].get("defragment")
-
-
-@dataclass
-class Section:
-    label: str
-    title: str
-    table: pd.DataFrame | None = None
-    missing: str = ""
-    figure: str | None = None
-    text: str | None = None          # a table already written as Markdown
-    after: str = ""                  # Markdown shown after the table
-
-
-def runs_under(root: Path) -> list[Run]:
-    """The runs below `root` (one still running, or killed, counts for what it answered; its run.json is
-    read when written). A folder whose config.yaml cannot be read is left out, one line on stderr says
-    which; none at all is refused, before anything is written."""
-    runs, skipped = [], []
-    for folder in run_folders(root):
-        try:
-            runs.append(Run(folder, OmegaConf.to_container(read_config(folder)),
-                            read_run_info(folder) if (folder / "run.json").is_file() else {}))
-        except (OSError, ValueError):                    # the config (a ConfigError) or run.json unreadable
-            skipped.append(str(folder))
-    if skipped:
-        print(f"memdefrag report: left out {len(skipped)} run folders whose config.yaml or run.json cannot be read: "
-              f"{', '.join(skipped)}", file=sys.stderr)
-    if not runs:
-        raise ConfigError(f"{root} holds no run (a folder with config.yaml and predictions.jsonl): nothing to "
-                          f"report, nothing written")
-    return runs
+from harness.summary import accuracy_table, records_of, run_labels
 
 
 def retention_section(root, runs, label, title, bounded, figures, model: str | None = None) -> Section:
@@ -238,113 +170,6 @@ def distortion_section(root, runs) -> Section:
                   *(f"![{p.stem}]({p.relative_to(root)})" for p in figures)]
     return Section(label, title, text="\n\n".join(parts))
 
-
-ANSWER_PHASES = ("trace", "rank", "select", "prefill", "decode")     # a question's seconds, in the order spent
-UPDATE_PHASES = ("compression", "formation", "forgetting", "index")  # the seconds of the update before it
-
-
-def variant(method: dict) -> str:
-    """A selection run's name: ranker, size rule or window, arrangement, reading."""
-    if method["arrangement"] != "best_last":
-        keep = f"{method['arrangement']} w{method['window']}"
-    else:
-        keep = {"topk": f"top{method['k']}", "all": "all",
-                "adaptive": f"adaptive tau{method['tau']:g} K<={method['k_max']}"}[method["size"]]
-    return f"{method['ranker']} {keep} {method['reading']}"
-
-
-def finished_records(run: Run) -> pd.DataFrame:
-    """The run's records of the groups it finished (every step asked)."""
-    frame = pd.DataFrame(read_jsonl(run.folder / "predictions.jsonl"))
-    return frame[frame.groupby("group")["step"].transform("nunique") == frame["step"].nunique()]
-
-
-def accuracy_by_step(frame: pd.DataFrame) -> dict:
-    return {f"acc@{step}": 100 * correct for step, correct in frame.groupby("step")["correct"].mean().items()}
-
-
-def ranker_row(run: Run) -> dict:
-    """Accuracy (%) per step, the target's hit rates (%), seconds per question and their split, over the run's
-    finished groups."""
-    frame = finished_records(run)
-    seconds = pd.DataFrame(list(frame["seconds"]))
-    phases = {phase: seconds[phase].mean() for phase in ANSWER_PHASES if phase in seconds}
-    choice = frame[frame["step"] > 1]                   # with one fragment stored every ranker is right
-    return {"model": run.model, "dataset": run.config["task"]["dataset"], "variant": variant(run.config["method"]),
-            **accuracy_by_step(frame),
-            "hit@1": 100 * (choice["target_rank"] == 1).mean(), "hit@2": 100 * (choice["target_rank"] <= 2).mean(),
-            "hit@K": 100 * choice["target_read"].mean(), "s/question": sum(phases.values()),
-            **{f"s {phase}": value for phase, value in phases.items()},
-            "s index/update": seconds["index"].mean() if "index" in seconds else None,
-            "groups": frame["group"].nunique()}
-
-
-def rankers_section(root, runs, figures) -> Section:
-    """`tab:rankers`: attention density against lexical, dense and oracle retrieval (and the floors), each kept
-    fragment read as latent memory or as text; one row per model, set and variant, from experiment=rankers and
-    rankers_sizes; and the figure of accuracy against time per question."""
-    section = Section("tab:rankers", "Which fragments to answer with: accuracy (%) at n updates, the target's hit "
-                      "rates after update 1 (%: ranked first, in the first two, among those read), seconds per "
-                      "question and split")
-    chosen = [r for r in runs if r.study == "rankers"]
-    if not chosen:
-        section.missing = "no runs yet: memdefrag experiment=rankers and experiment=rankers_sizes"
-        return section
-    table = pd.DataFrame([ranker_row(r) for r in chosen]).sort_values(["model", "dataset", "variant"], kind="stable")
-    section.table = table.set_index(["model", "dataset", "variant"]).dropna(axis=1, how="all").round(2)
-    last = f"acc@{max(int(c[4:]) for c in table.columns if c.startswith('acc@'))}"
-    figure = figures / "rankers.png"
-    accuracy_against_time(table[table.dataset == "synthetic"], last, figure)
-    section.figure = str(figure.relative_to(root))
-    section.after = (f"Figure: accuracy at the last step ({last}) on the synthetic set against seconds per question "
-                     "(ranking, selection, prefill, decode), one point per variant. Threads: "
-                     + ", ".join(sorted({str(r.config.get('threads')) for r in chosen})) + ".")
-    return section
-
-
-def peer_row(run: Run) -> dict:
-    """Accuracy (%) per step; at the last step, the time to first token (every phase before decoding) and the
-    memory tokens stored; seconds per question over all steps; over the run's finished groups."""
-    frame = finished_records(run)
-    seconds = pd.DataFrame(list(frame["seconds"]), index=frame.index)
-    asked = seconds.drop(columns=[c for c in UPDATE_PHASES if c in seconds])     # the question's own phases
-    last = frame[frame["step"] == frame["step"].max()]
-    to_first_token = asked.drop(columns="decode").sum(axis=1)
-    return {"model": run.model, "dataset": run.config["task"]["dataset"], "method": run.config["method"]["label"],
-            **accuracy_by_step(frame), f"ttft s@{last['step'].max()}": to_first_token[last.index].mean(),
-            "s/question": asked.sum(axis=1).mean(), "memory tokens stored": last["memory_tokens"].mean(),
-            "groups": frame["group"].nunique()}
-
-
-PEERS = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "peers.yaml"      # its methods' order
-
-
-def peers_section(root, runs, figures) -> Section:
-    """`tab:peers`: MemDefrag against the other training-free fixes (APE, EPIC, CacheBlend), full prefill and the
-    floors on the same memory, from experiment=peers; the figure of accuracy against time to first token; and
-    memdefrag-bench's time to first token at the paper's N_max (results/peers/speed_*.md)."""
-    section = Section("tab:peers", "The other training-free fixes on the same memory: accuracy (%) at n updates, "
-                      "time to first token at the last step, seconds per question")
-    chosen = [r for r in runs if r.study == "peers"]         # rows in experiment=peers' order of methods
-    speed = sorted((root / "peers").glob("speed*.md"))
-    section.after = "\n\n".join(f"`peers/{f.name}`: " + f.read_text().strip() for f in speed)
-    if not chosen:
-        section.missing = "no runs yet: memdefrag experiment=peers"
-        return section
-    order = {label: i for i, label in enumerate(OmegaConf.load(PEERS).hydra.sweeper.params.method.split(","))}
-    table = pd.DataFrame([peer_row(r) for r in chosen])
-    table = table.sort_values(["model", "dataset", "method"], key=lambda c: c.map(order).fillna(len(order))
-                              if c.name == "method" else c, kind="stable")
-    section.table = table.set_index(["model", "dataset", "method"]).round(2)
-    last = f"acc@{max(int(c[4:]) for c in table.columns if c.startswith('acc@'))}"
-    ttft = next(c for c in table.columns if c.startswith("ttft"))
-    figure = figures / "peers.png"
-    accuracy_against_time(table[table.dataset == "synthetic"], last, figure, time=ttft, name="method")
-    section.figure = str(figure.relative_to(root))
-    section.after = (f"Figure: accuracy at the last step ({last}) on the synthetic set against the time to first "
-                     f"token there, one point per method. Threads: "
-                     + ", ".join(sorted({str(r.config.get("threads")) for r in chosen})) + ".\n\n" + section.after)
-    return section
 
 
 def study_table(runs, study: str, value) -> tuple[pd.DataFrame, str] | None:

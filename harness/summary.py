@@ -43,20 +43,25 @@ def records_of(folders: list[Path]) -> pd.DataFrame:
 
 
 def run_labels(configs: list[dict]) -> list[str]:
-    """`method[+forgetting][+compressor@rate]`, then `name=value` for each other setting that differs between runs."""
+    """`method[+forgetting][+compressor@rate]` (a method's label names its own knobs, e.g. `ape T=0.9 S=0.9`), then,
+    only where runs would share that label, `name=value` for each setting that differs between those runs."""
     flats = [_flatten(c) for c in configs]
-    keys = set().union(*flats) if flats else set()
-    varying = sorted(k for k in keys if not any(k == i or k.startswith(i + ".") for i in IMPLIED)
-                     and len({repr(f[k]) for f in flats if k in f}) > 1)
     labels = []
-    for config, flat in zip(configs, flats):
+    for config in configs:
         forgetting = config.get("forgetting", {}).get("label", "unbounded")
         label = config["method"]["label"] + ("" if forgetting == "unbounded" else f"+{forgetting}")
         compression = config.get("compression", {"label": "none"})
         if compression["label"] != "none":
             label += f"+{compression['label']}@{compression['rate']:g}"
-        labels.append(" ".join([label, *(f"{k.rsplit('.', 1)[-1]}={flat[k]}" for k in varying if k in flat)]))
-    return labels
+        labels.append(label)
+    out = []
+    for label, flat in zip(labels, flats):
+        same = [f for f, other in zip(flats, labels) if other == label]
+        keys = set().union(*same)
+        varying = sorted(k for k in keys if not any(k == i or k.startswith(i + ".") for i in IMPLIED)
+                         and len({repr(f.get(k)) for f in same}) > 1)
+        out.append(" ".join([label, *(f"{k.rsplit('.', 1)[-1]}={flat[k]}" for k in varying if k in flat)]))
+    return out
 
 
 def _flatten(node, prefix: str = "") -> dict:

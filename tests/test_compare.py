@@ -55,6 +55,19 @@ def test_a_correctness_flip_is_its_own_kind(tmp_path):
     assert report.flips == [{"question": {"group": 0, "step": 1}, "field": "correct", "a": True, "b": False}]
 
 
+def test_whether_the_flips_are_more_than_chance_is_tested(tmp_path):
+    """Eight questions B alone gets right against none the other way: McNemar's exact p = 2 / 2^8."""
+    records = [{"group": g, "step": 1, "output": "x", "correct": False} for g in range(10)]
+    a_run(tmp_path / "a" / "vanilla", records=records)
+    a_run(tmp_path / "b" / "vanilla", records=[dict(r, correct=r["group"] < 8) for r in records])
+    [report], _ = compare(tmp_path / "a", tmp_path / "b", ignore=("task.data_dir",))
+    assert report.chance == {"right_only_in_a": 0, "right_only_in_b": 8, "mcnemar_p": pytest.approx(2 / 2 ** 8)}
+    one = compared(tmp_path / "one", edited("correct", False))
+    assert one.chance["right_only_in_a"] == 1 and one.chance["mcnemar_p"] == 1.0
+    from harness.compare import markdown
+    assert "McNemar's exact p 0.0078, more than chance" in markdown([report], [])
+
+
 def test_a_density_rank_change_beyond_the_tolerance(tmp_path):
     assert compared(tmp_path, edited("target_rank", 1 + 1e-9)).equal                  # float noise
     report = compared(tmp_path / "x", edited("target_rank", 3))

@@ -113,7 +113,7 @@ def test_memoryllm_runs_get_their_table_and_only_the_released_checkpoint_joins_t
     assert "memoryllm" in comparison and "mplus" in comparison and "defrag" not in comparison
     assert "tiny" not in comparison
     runtime = readme.split("(`tab:runtime`)")[1].split("\n## ")[0]
-    assert re.search(r"\| +memoryllm name=memoryllm_8b [^|]*\| +mplus name=mplus_8b [^|]*\| +vanilla", runtime)
+    assert re.search(r"\| +memoryllm +\| +mplus +\| +vanilla\+informativeness +\|", runtime)    # named by label alone
     assert re.search(r"\| nqa +\| +64.19 \| +64.19 \| +75.07 \|", runtime)
 
 
@@ -139,7 +139,8 @@ def test_the_rankers_table_gives_accuracy_hit_rates_and_the_time_split_per_varia
     table = readme.split("(`tab:rankers`)")[1].split("\n## ")[0]
     row = next(line for line in table.splitlines() if "bm25 top1 text" in line)
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[:11] == ["smollm2", "synthetic", "bm25 top1 text", "50", "50", "50", "100", "50", "2", "0.1", "0"]
+    half = "50.0 [9.5, 90.5]"                                    # 1 of 2, with its 95 % Wilson interval
+    assert cells[:11] == ["smollm2", "synthetic", "bm25 top1 text", half, half, "50", "100", "50", "2", "0.1", "0"]
     assert "density rotate w2 latent" in table and (tmp_path / "figures" / "rankers.png").is_file()
 
 
@@ -149,11 +150,15 @@ def test_the_peers_table_gives_accuracy_and_time_to_first_token_per_method(tmp_p
                for g in (0, 1) for s in (1, 20)]
     fake_run(tmp_path / "p" / "0", "Retention", "cacheblend", records, study="peers", dataset="synthetic")
     fake_run(tmp_path / "p" / "1", "Retention", "text", records[:2], study="peers", dataset="synthetic")
+    both = [dict(r, correct=True) for r in records]
+    fake_run(tmp_path / "p" / "2", "Retention", "memdefrag_top1", both, study="peers", dataset="synthetic")
     (tmp_path / "peers").mkdir()
     (tmp_path / "peers" / "speed_cpu.md").write_text("| method | ttft_s |\n|---|---|\n| epic | 1.5 |\n")
     readme = write(tmp_path).read_text()
     table = readme.split("(`tab:peers`)")[1].split("\n## ")[0]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if "| smollm2" in line]
-    assert [row[2] for row in rows] == ["text", "cacheblend"]                      # the table's method order
-    assert rows[1][:9] == ["smollm2", "synthetic", "cacheblend", "50", "50", "5.5", "4.62", "200", "2"]
+    assert [row[2] for row in rows] == ["text", "memdefrag_top1", "cacheblend"]    # the table's method order
+    half = "50.0 [9.5, 90.5]"                                    # 1 of 2, with its 95 % Wilson interval
+    assert rows[2][:9] == ["smollm2", "synthetic", "cacheblend", half, half, "5.5", "4.62", "200", "2"]
+    assert rows[2][-1] == "-50.0 (p 1, n 2)" and rows[1][-1] == "reference"     # paired on the same questions
     assert "| epic | 1.5 |" in table and (tmp_path / "figures" / "peers.png").is_file()

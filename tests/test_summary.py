@@ -34,7 +34,7 @@ def test_runs_are_named_by_forgetting_and_by_what_varies(tmp_path):
     write_run(tmp_path, "merged/c", [{"group": 0, "step": 10, "correct": False}], "nqa", "top2", "random",
               query_mode="mean")                                        # a merged copy: not counted again
     table = sweep_table(tmp_path)
-    assert list(table.columns) == ["top2 query_mode=last", "top2+random query_mode=last", "top2+random query_mode=mean"]
+    assert list(table.columns) == ["top2", "top2+random query_mode=last", "top2+random query_mode=mean"]
     assert table.loc[("nqa", "10")].tolist() == [100.0, 0.0, 100.0]
     assert table.loc[("nqa", "groups")].tolist() == [1, 1, 2]           # shards c and d are one run
 
@@ -43,6 +43,14 @@ def test_labels_leave_out_settings_a_run_does_not_have():
     assert run_labels([{"method": {"label": "vanilla"}}, {"method": {"label": "top1", "query_mode": "mean"}},
                        {"method": {"label": "top1", "query_mode": "last"}}]) == \
         ["vanilla", "top1 query_mode=mean", "top1 query_mode=last"]
+
+
+def test_a_label_that_names_its_knobs_gets_no_override_strings():
+    """What varies is appended only where two runs would share a label."""
+    ape = [{"method": {"label": f"ape T={t} S={t}", "temperature": t, "scale": t, "select": None}} for t in (0.9, 1.0)]
+    epic = [{"method": {"label": "epic k=32", "k": 32}, "formation": f} for f in ("shared_sink", "own_bos")]
+    assert run_labels([*ape, *epic]) == ["ape T=0.9 S=0.9", "ape T=1.0 S=1.0", "epic k=32 formation=shared_sink",
+                                         "epic k=32 formation=own_bos"]
 
 
 def test_a_sweep_of_a_task_without_steps_is_summarised_from_its_metrics(tmp_path):

@@ -15,7 +15,8 @@ def defragment(scores: torch.Tensor, k: int | None) -> list[int]:
 
 def adaptive_k(scores: torch.Tensor, tau: float, k_max: int) -> int:
     """How many of the best to keep: K grows from 1 while the K-th best score is at most tau times the
-    (K+1)-th, up to k_max (the paper's Limitations). A (K+1)-th score <= 0 ends the growth (no ratio)."""
+    (K+1)-th, up to k_max: the authors' released rule (ryehr/MemDefrag's --adaptive_k;
+    the paper's Limitations only name the idea). A (K+1)-th score <= 0 ends the growth (no ratio)."""
     best = torch.sort(scores, descending=True, stable=True).values.tolist()
     k = 1
     while k < min(k_max, len(best)) and best[k] > 0 and best[k - 1] / best[k] <= tau:

@@ -1,0 +1,58 @@
+"""How sure a table's numbers are: intervals for a rate and paired tests between methods asked the same questions.
+
+Accuracy is a rate over n questions: its 95 % interval is Wilson's score interval, which stays inside [0, 1] and
+keeps its coverage at small n and at rates near 0 or 1, where the normal approximation does not. Two methods
+answered on the same questions are compared on the questions where they disagree (b: only the first right, c: only
+the second): McNemar's exact test, the two-sided binomial test of b against b + c at one half, since the questions
+both get right or both get wrong say nothing of which is better. A score that is not a rate (F1, ROUGE, BERTScore)
+gets a bootstrap over groups: a group's questions share its memory, so they are resampled together.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.stats import binomtest, norm
+
+CONFIDENCE = 0.95
+
+
+def wilson(successes: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Wilson's score interval (low, high) of a rate of `successes` in `n`; (nan, nan) for n = 0."""
+    if n == 0:
+        return math.nan, math.nan
+    z = norm.ppf(0.5 + confidence / 2)
+    rate = successes / n
+    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mcnemar(only_first: int, only_second: int) -> float:
+    """McNemar's exact two-sided p-value from the discordant pairs (1 where there are none)."""
+    discordant = only_first + only_second
+    if discordant == 0:
+        return 1.0
+    return float(binomtest(only_first, discordant, 0.5).pvalue)
+
+
+def paired_difference(first: np.ndarray, second: np.ndarray, groups: np.ndarray, resamples: int = 2000,
+                      seed: int = 0, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(mean of second - first, low, high): the paired difference of per-question scores and its percentile
+    bootstrap interval, resampling whole groups."""
+    diff = np.asarray(second, dtype=float) - np.asarray(first, dtype=float)
+    labels, index = np.unique(np.asarray(groups), return_inverse=True)
+    sums, counts = np.bincount(index, diff), np.bincount(index)
+    draws = np.random.default_rng(seed).integers(0, len(labels), size=(resamples, len(labels)))
+    means = sums[draws].sum(axis=1) / counts[draws].sum(axis=1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(diff.mean()), float(low), float(high)
+
+
+def with_interval(rate: float, low: float, high: float) -> str:
+    """A rate and its interval as a table shows them, in %: `50.0 [32.1, 67.9]`."""
+    if math.isnan(rate):
+        return ""
+    return f"{100 * rate:.1f} [{100 * low:.1f}, {100 * high:.1f}]"

@@ -1,0 +1,198 @@
+"""The comparative tables, `tab:rankers` and `tab:peers`: each accuracy with its interval, each row paired with a
+reference row on the same questions, and the claims the text makes of them (harness.claims)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from evals.stats import mcnemar, wilson, with_interval
+from harness.claims import read_claims, rendered
+from harness.figures import accuracy_against_time
+from harness.results import read_jsonl
+from harness.sections import Run, Section
+from harness.summary import run_labels
+
+ANSWER_PHASES = ("trace", "rank", "select", "prefill", "decode")     # a question's seconds, in the order spent
+UPDATE_PHASES = ("compression", "formation", "forgetting", "index")  # the seconds of the update before it
+RANKER_REFERENCE, PEER_REFERENCE = "density top1 latent", "memdefrag_top1"    # what the others are paired with
+INTERVALS = ("Accuracy: % of the questions at that step, with its 95 % Wilson interval in brackets (n = the groups: "
+             "one question per group and step).")
+PAIRED = ("at the last step, the difference in accuracy points against it on the same questions, McNemar's exact "
+          "p on the questions only one of the two answered right, and n; p above 0.05 is no measurable difference.")
+
+
+def variant(method: dict) -> str:
+    """A selection run's name: ranker, size rule or window, arrangement, reading."""
+    if method["arrangement"] != "best_last":
+        keep = f"{method['arrangement']} w{method['window']}"
+    else:
+        keep = {"topk": f"top{method['k']}", "all": "all",
+                "adaptive": f"adaptive tau{method['tau']:g} K<={method['k_max']}"}[method["size"]]
+    return f"{method['ranker']} {keep} {method['reading']}"
+
+
+def finished_records(run: Run) -> pd.DataFrame:
+    """The run's records of the groups it finished (every step asked)."""
+    frame = pd.DataFrame(read_jsonl(run.folder / "predictions.jsonl"))
+    return frame[frame.groupby("group")["step"].transform("nunique") == frame["step"].nunique()]
+
+
+def accuracy_by_step(frame: pd.DataFrame) -> dict:
+    """Accuracy (%) per step (`acc@n`) and its 95 % Wilson interval (`low@n`, `high@n`)."""
+    out = {}
+    for step, correct in frame.groupby("step")["correct"]:
+        low, high = wilson(int(correct.sum()), len(correct))
+        out |= {f"acc@{step}": 100 * correct.mean(), f"low@{step}": 100 * low, f"high@{step}": 100 * high}
+    return out
+
+
+def versus(frames: list[pd.DataFrame], keys: list[tuple], names: list[str], reference: str) -> list[str]:
+    """Per run, against the `reference` run of the same key (model, dataset) on the same questions at the last
+    step: the accuracy difference in points and McNemar's exact p on the questions one of them alone got right
+    ('' where the key has no reference run)."""
+    last = {key: frame for key, name, frame in zip(keys, names, frames) if name == reference}
+    out = []
+    for key, name, frame in zip(keys, names, frames):
+        if name == reference or key not in last:
+            out.append("reference" if name == reference else "")
+            continue
+        step = frame["step"].max()
+        pair = frame[frame["step"] == step].merge(last[key][last[key]["step"] == step], on=["group", "step"],
+                                                  suffixes=("", "_ref"))
+        mine, theirs = pair["correct"].astype(bool), pair["correct_ref"].astype(bool)
+        difference = 100 * (mine.mean() - theirs.mean())
+        out.append(f"{difference:+.1f} (p {mcnemar(int((~mine & theirs).sum()), int((mine & ~theirs).sum())):.2g}, "
+                   f"n {len(pair)})")
+    return out
+
+
+def shown(table: pd.DataFrame) -> pd.DataFrame:
+    """The table as printed: every `acc@n` with its interval (`50.0 [33.2, 66.8]`), the bounds' own columns gone."""
+    table = table.copy()
+    for column in [c for c in table.columns if c.startswith("acc@")]:
+        step = column[4:]
+        table[column] = [with_interval(a / 100, lo / 100, hi / 100) for a, lo, hi in
+                         zip(table[column], table[f"low@{step}"], table[f"high@{step}"])]
+    return table.drop(columns=[c for c in table.columns if c.startswith(("low@", "high@"))])
+
+
+def ranker_row(run: Run) -> dict:
+    """Accuracy (%) per step, the target's hit rates (%), seconds per question and their split, over the run's
+    finished groups."""
+    frame = finished_records(run)
+    seconds = pd.DataFrame(list(frame["seconds"]))
+    phases = {phase: seconds[phase].mean() for phase in ANSWER_PHASES if phase in seconds}
+    choice = frame[frame["step"] > 1]                   # with one fragment stored every ranker is right
+    return {"model": run.model, "dataset": run.config["task"]["dataset"], "variant": variant(run.config["method"]),
+            **accuracy_by_step(frame),
+            "hit@1": 100 * (choice["target_rank"] == 1).mean(), "hit@2": 100 * (choice["target_rank"] <= 2).mean(),
+            "hit@K": 100 * choice["target_read"].mean(), "s/question": sum(phases.values()),
+            **{f"s {phase}": value for phase, value in phases.items()},
+            "s index/update": seconds["index"].mean() if "index" in seconds else None,
+            "groups": frame["group"].nunique()}
+
+
+def rankers_section(root, runs, figures) -> Section:
+    """`tab:rankers`: attention density against lexical, dense and oracle retrieval (and the floors), each kept
+    fragment read as latent memory or as text; one row per model, set and variant, from experiment=rankers and
+    rankers_sizes; and the figure of accuracy against time per question."""
+    section = Section("tab:rankers", "Which fragments to answer with: accuracy (%) at n updates, the target's hit "
+                      "rates after update 1 (%: ranked first, in the first two, among those read), seconds per "
+                      "question and split")
+    chosen = [r for r in runs if r.study == "rankers"]
+    if not chosen:
+        section.missing = "no runs yet: memdefrag experiment=rankers and experiment=rankers_sizes"
+        return section
+    table = pd.DataFrame([ranker_row(r) for r in chosen])
+    records = [finished_records(r) for r in chosen]
+    table[f"vs {RANKER_REFERENCE}"] = versus(records, list(zip(table.model, table.dataset)), list(table.variant),
+                                             RANKER_REFERENCE)
+    claims = supported(root, "rankers", table, "variant", records)
+    table = table.sort_values(["model", "dataset", "variant"], kind="stable")
+    section.table = shown(table.set_index(["model", "dataset", "variant"]).dropna(axis=1, how="all")).round(2)
+    last = f"acc@{max(int(c[4:]) for c in table.columns if c.startswith('acc@'))}"
+    figure = figures / "rankers.png"
+    accuracy_against_time(table[table.dataset == "synthetic"], last, figure)
+    section.figure = str(figure.relative_to(root))
+    section.after = (f"{INTERVALS} `vs {RANKER_REFERENCE}`: {PAIRED}\n\n"
+                     f"Figure: accuracy at the last step ({last}) on the synthetic set against seconds per question "
+                     "(ranking, selection, prefill, decode), one point per variant, with its interval. Threads: "
+                     + ", ".join(sorted({str(r.config.get('threads')) for r in chosen})) + "."
+                     + claims)
+    return section
+
+
+def peer_row(run: Run, label: str) -> dict:
+    """Accuracy (%) per step; at the last step, the time to first token (every phase before decoding) and the
+    memory tokens stored; seconds per question over all steps; over the run's finished groups."""
+    frame = finished_records(run)
+    seconds = pd.DataFrame(list(frame["seconds"]), index=frame.index)
+    asked = seconds.drop(columns=[c for c in UPDATE_PHASES if c in seconds])     # the question's own phases
+    last = frame[frame["step"] == frame["step"].max()]
+    to_first_token = asked.drop(columns="decode").sum(axis=1)
+    return {"model": run.model, "dataset": run.config["task"]["dataset"], "method": label,
+            **accuracy_by_step(frame), f"ttft s@{last['step'].max()}": to_first_token[last.index].mean(),
+            "s/question": asked.sum(axis=1).mean(), "memory tokens stored": last["memory_tokens"].mean(),
+            "groups": frame["group"].nunique()}
+
+
+PEERS = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "peers.yaml"      # its methods' order
+
+
+def peers_section(root, runs, figures) -> Section:
+    """`tab:peers`: MemDefrag against the other training-free fixes (APE, EPIC, CacheBlend), full prefill and the
+    floors on the same memory, from experiment=peers; the figure of accuracy against time to first token; and
+    memdefrag-bench's time to first token at the paper's N_max (results/peers/speed_*.md)."""
+    section = Section("tab:peers", "The other training-free fixes on the same memory: accuracy (%) at n updates, "
+                      "time to first token at the last step, seconds per question")
+    chosen = [r for r in runs if r.study == "peers"]         # rows in experiment=peers' order of methods
+    speed = sorted((root / "peers").glob("speed*.md"))
+    section.after = "\n\n".join(f"`peers/{f.name}`: " + f.read_text().strip() for f in speed)
+    if not chosen:
+        section.missing = "no runs yet: memdefrag experiment=peers"
+        return section
+    order = {label: i for i, label in enumerate(OmegaConf.load(PEERS).hydra.sweeper.params.method.split(","))}
+    table = pd.DataFrame([peer_row(r, label) for r, label in zip(chosen, labels_per_table(chosen))])
+    records = [finished_records(r) for r in chosen]
+    table[f"vs {PEER_REFERENCE}"] = versus(records, list(zip(table.model, table.dataset)), list(table.method),
+                                           PEER_REFERENCE)
+    claims = supported(root, "peers", table, "method", records)
+    table = table.sort_values(["model", "dataset", "method"], kind="stable",     # by the sweep's option a label
+                              key=lambda c: c.str.split().str[0].map(order).fillna(len(order))   # begins with
+                              if c.name == "method" else c)
+    section.table = shown(table.set_index(["model", "dataset", "method"])).round(2)
+    last = f"acc@{max(int(c[4:]) for c in table.columns if c.startswith('acc@'))}"
+    ttft = next(c for c in table.columns if c.startswith("ttft"))
+    figure = figures / "peers.png"
+    accuracy_against_time(table[table.dataset == "synthetic"], last, figure, time=ttft, name="method")
+    section.figure = str(figure.relative_to(root))
+    section.after = (f"{INTERVALS} `vs {PEER_REFERENCE}`: {PAIRED}\n\n"
+                     f"Figure: accuracy at the last step ({last}) on the synthetic set against the time to first "
+                     f"token there, one point per method, with its interval. Threads: "
+                     + ", ".join(sorted({str(r.config.get("threads")) for r in chosen})) + "." + claims + "\n\n"
+                     + section.after)
+    return section
+
+
+def labels_per_table(runs: list[Run]) -> list[str]:
+    """Each run's label (harness.summary.run_labels) among the runs of its own model and dataset."""
+    labels = {}
+    for key in {(r.model, r.config["task"]["dataset"]) for r in runs}:
+        same = [r for r in runs if (r.model, r.config["task"]["dataset"]) == key]
+        labels |= {id(r): label for r, label in zip(same, run_labels([r.config for r in same]))}
+    return [labels[id(r)] for r in runs]
+
+
+def supported(root: Path, label: str, table: pd.DataFrame, row: str, records: list[pd.DataFrame]) -> str:
+    """The claims of root/claims.yaml on this table, each with its numbers (harness.claims), as a list under
+    'What the table supports' ('' where none is made)."""
+    claims = read_claims(root / "claims.yaml")
+    keyed = {(label, m, d, r): frame for m, d, r, frame in zip(table.model, table.dataset, table[row], records)}
+    sentences = rendered(claims, keyed, label)
+    if not sentences:
+        return ""
+    return ("\n\nWhat the table supports (`claims.yaml`; a difference only where McNemar's exact p < 0.05 on the "
+            "same questions):\n\n" + "\n".join(f"- {s}" for s in sentences))
