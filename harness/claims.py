@@ -71,16 +71,17 @@ class Evidence:
         return "higher" if self.accuracy > self.against else "lower"
 
 
-def evidence(claim: Claim, records: dict[tuple, pd.DataFrame]) -> Evidence:
-    """The paired accuracies of the claim's two rows from their records (group, step, correct)."""
+def evidence(claim: Claim, records: dict[tuple, pd.DataFrame], question: list[str]) -> Evidence:
+    """The paired accuracies of the claim's two rows from their records (`step`, `correct` and the columns that
+    name a question at a step, `question`)."""
     frames = []
     for row in (claim.row, claim.against):
         frame = records.get(claim.key(row))
         if frame is None:
             raise ConfigError(f"claim {claim.subject!r}: no run makes row {row!r} of tab:{claim.table} for "
                               f"{claim.model} on {claim.dataset}")
-        frames.append(frame[frame["step"] == claim.step][["group", "correct"]])
-    pair = frames[0].merge(frames[1], on="group", suffixes=("", "_against"))
+        frames.append(frame[frame["step"] == claim.step][[*question, "correct"]])
+    pair = frames[0].merge(frames[1], on=question, suffixes=("", "_against"))
     if pair.empty:
         raise ConfigError(f"claim {claim.subject!r}: rows {claim.row!r} and {claim.against!r} share no question "
                           f"at step {claim.step}")
@@ -96,11 +97,11 @@ def sentence(claim: Claim, found: Evidence) -> str:
             f"{found.n} questions): {claim.says}.")
 
 
-def rendered(claims: list[Claim], records: dict[tuple, pd.DataFrame], table: str) -> list[str]:
+def rendered(claims: list[Claim], records: dict[tuple, pd.DataFrame], table: str, question: list[str]) -> list[str]:
     """The sentences of `table`'s claims; a claim whose words the runs contradict is refused in one line."""
     out = []
     for claim in (c for c in claims if c.table == table):
-        found = evidence(claim, records)
+        found = evidence(claim, records, question)
         if found.verdict != claim.says:
             raise ConfigError(f"claim {claim.subject!r} says {claim.says!r} but the runs say {found.verdict!r}: "
                               + sentence(claim, found).replace(f": {claim.says}.", "."))

@@ -1,8 +1,13 @@
 """The comparative tables, `tab:rankers` and `tab:peers`: each accuracy with its interval, each row paired with a
-reference row on the same questions, and the claims the text makes of them (harness.claims)."""
+reference row on the same questions, and the claims the text makes of them (harness.claims).
+
+A row pools the runs of one model, dataset and method that differ only in `task.seed` (another draw of the
+synthetic set, or of the groups from a real one): its interval covers groups and seeds, and a question is
+(seed, group, step) wherever rows are paired."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -17,11 +22,43 @@ from harness.summary import run_labels
 
 ANSWER_PHASES = ("trace", "rank", "select", "prefill", "decode")     # a question's seconds, in the order spent
 UPDATE_PHASES = ("compression", "formation", "forgetting", "index")  # the seconds of the update before it
+QUESTION = ["seed", "group", "step"]                                  # what pairs two rows' answers
 RANKER_REFERENCE, PEER_REFERENCE = "density top1 latent", "memdefrag_top1"    # what the others are paired with
-INTERVALS = ("Accuracy: % of the questions at that step, with its 95 % Wilson interval in brackets (n = the groups: "
-             "one question per group and step).")
+INTERVALS = ("Accuracy: % of the questions at that step, with its 95 % Wilson interval in brackets (n = groups x "
+             "seeds: one question per group and step).")
 PAIRED = ("at the last step, the difference in accuracy points against it on the same questions, McNemar's exact "
           "p on the questions only one of the two answered right, and n; p above 0.05 is no measurable difference.")
+
+
+@dataclass
+class Row:
+    """One row of a comparative table: the runs of one model, dataset and name over their seeds."""
+
+    model: str
+    dataset: str
+    name: str
+    runs: list[Run]
+
+    @property
+    def records(self) -> pd.DataFrame:
+        """The finished groups' records of every run, each tagged with its run's seed."""
+        return pd.concat([finished_records(r).assign(seed=r.config["task"].get("seed")) for r in self.runs],
+                         ignore_index=True)
+
+    def cells(self, frame: pd.DataFrame, name: str, **columns) -> dict:
+        """A row of the table from its pooled records `frame`: model, dataset, `name` (its column) = its name,
+        accuracy per step with its interval, `columns`, then how many groups (over the seeds) and seeds."""
+        return {"model": self.model, "dataset": self.dataset, name: self.name, **accuracy_by_step(frame), **columns,
+                "groups": len(frame[["seed", "group"]].drop_duplicates()), "seeds": frame["seed"].nunique()}
+
+
+def rows_of(runs: list[Run], names: list[str]) -> list[Row]:
+    """Runs pooled by (model, dataset, name), in the order their first run comes."""
+    rows: dict[tuple, Row] = {}
+    for run, name in zip(runs, names):
+        key = (run.model, run.config["task"]["dataset"], name)
+        rows.setdefault(key, Row(*key, [])).runs.append(run)
+    return list(rows.values())
 
 
 def variant(method: dict) -> str:
@@ -49,23 +86,26 @@ def accuracy_by_step(frame: pd.DataFrame) -> dict:
     return out
 
 
-def versus(frames: list[pd.DataFrame], keys: list[tuple], names: list[str], reference: str) -> list[str]:
-    """Per run, against the `reference` run of the same key (model, dataset) on the same questions at the last
+def paired(frame: pd.DataFrame, other: pd.DataFrame, step: int) -> tuple[pd.Series, pd.Series]:
+    """Both rows' correctness at `step` on the questions both answered."""
+    pair = frame[frame["step"] == step].merge(other[other["step"] == step], on=QUESTION, suffixes=("", "_other"))
+    return pair["correct"].astype(bool), pair["correct_other"].astype(bool)
+
+
+def versus(rows: list[Row], reference: str) -> list[str]:
+    """Per row, against the `reference` row of the same model and dataset on the same questions at the last
     step: the accuracy difference in points and McNemar's exact p on the questions one of them alone got right
-    ('' where the key has no reference run)."""
-    last = {key: frame for key, name, frame in zip(keys, names, frames) if name == reference}
+    ('' where there is no reference row)."""
+    last = {(r.model, r.dataset): r.records for r in rows if r.name == reference}
     out = []
-    for key, name, frame in zip(keys, names, frames):
-        if name == reference or key not in last:
-            out.append("reference" if name == reference else "")
+    for row in rows:
+        if row.name == reference or (row.model, row.dataset) not in last:
+            out.append("reference" if row.name == reference else "")
             continue
-        step = frame["step"].max()
-        pair = frame[frame["step"] == step].merge(last[key][last[key]["step"] == step], on=["group", "step"],
-                                                  suffixes=("", "_ref"))
-        mine, theirs = pair["correct"].astype(bool), pair["correct_ref"].astype(bool)
-        difference = 100 * (mine.mean() - theirs.mean())
-        out.append(f"{difference:+.1f} (p {mcnemar(int((~mine & theirs).sum()), int((mine & ~theirs).sum())):.2g}, "
-                   f"n {len(pair)})")
+        frame = row.records
+        mine, theirs = paired(frame, last[row.model, row.dataset], frame["step"].max())
+        p = mcnemar(int((~mine & theirs).sum()), int((mine & ~theirs).sum()))
+        out.append(f"{100 * (mine.mean() - theirs.mean()):+.1f} (p {p:.2g}, n {len(mine)})")
     return out
 
 
@@ -79,20 +119,17 @@ def shown(table: pd.DataFrame) -> pd.DataFrame:
     return table.drop(columns=[c for c in table.columns if c.startswith(("low@", "high@"))])
 
 
-def ranker_row(run: Run) -> dict:
-    """Accuracy (%) per step, the target's hit rates (%), seconds per question and their split, over the run's
-    finished groups."""
-    frame = finished_records(run)
+def ranker_row(row: Row) -> dict:
+    """Accuracy (%) per step, the target's hit rates (%), seconds per question and their split."""
+    frame = row.records
     seconds = pd.DataFrame(list(frame["seconds"]))
     phases = {phase: seconds[phase].mean() for phase in ANSWER_PHASES if phase in seconds}
     choice = frame[frame["step"] > 1]                   # with one fragment stored every ranker is right
-    return {"model": run.model, "dataset": run.config["task"]["dataset"], "variant": variant(run.config["method"]),
-            **accuracy_by_step(frame),
-            "hit@1": 100 * (choice["target_rank"] == 1).mean(), "hit@2": 100 * (choice["target_rank"] <= 2).mean(),
-            "hit@K": 100 * choice["target_read"].mean(), "s/question": sum(phases.values()),
-            **{f"s {phase}": value for phase, value in phases.items()},
-            "s index/update": seconds["index"].mean() if "index" in seconds else None,
-            "groups": frame["group"].nunique()}
+    return row.cells(frame, "variant", **{
+        "hit@1": 100 * (choice["target_rank"] == 1).mean(), "hit@2": 100 * (choice["target_rank"] <= 2).mean(),
+        "hit@K": 100 * choice["target_read"].mean(), "s/question": sum(phases.values()),
+        **{f"s {phase}": value for phase, value in phases.items()},
+        "s index/update": seconds["index"].mean() if "index" in seconds else None})
 
 
 def rankers_section(root, runs, figures) -> Section:
@@ -106,11 +143,10 @@ def rankers_section(root, runs, figures) -> Section:
     if not chosen:
         section.missing = "no runs yet: memdefrag experiment=rankers and experiment=rankers_sizes"
         return section
-    table = pd.DataFrame([ranker_row(r) for r in chosen])
-    records = [finished_records(r) for r in chosen]
-    table[f"vs {RANKER_REFERENCE}"] = versus(records, list(zip(table.model, table.dataset)), list(table.variant),
-                                             RANKER_REFERENCE)
-    claims = supported(root, "rankers", table, "variant", records)
+    rows = rows_of(chosen, [variant(r.config["method"]) for r in chosen])
+    table = pd.DataFrame([ranker_row(row) for row in rows])
+    table[f"vs {RANKER_REFERENCE}"] = versus(rows, RANKER_REFERENCE)
+    claims = supported(root, "rankers", rows)
     table = table.sort_values(["model", "dataset", "variant"], kind="stable")
     section.table = shown(table.set_index(["model", "dataset", "variant"]).dropna(axis=1, how="all")).round(2)
     last = f"acc@{max(int(c[4:]) for c in table.columns if c.startswith('acc@'))}"
@@ -125,18 +161,17 @@ def rankers_section(root, runs, figures) -> Section:
     return section
 
 
-def peer_row(run: Run, label: str) -> dict:
+def peer_row(row: Row) -> dict:
     """Accuracy (%) per step; at the last step, the time to first token (every phase before decoding) and the
-    memory tokens stored; seconds per question over all steps; over the run's finished groups."""
-    frame = finished_records(run)
+    memory tokens stored; seconds per question over all steps."""
+    frame = row.records
     seconds = pd.DataFrame(list(frame["seconds"]), index=frame.index)
     asked = seconds.drop(columns=[c for c in UPDATE_PHASES if c in seconds])     # the question's own phases
     last = frame[frame["step"] == frame["step"].max()]
     to_first_token = asked.drop(columns="decode").sum(axis=1)
-    return {"model": run.model, "dataset": run.config["task"]["dataset"], "method": label,
-            **accuracy_by_step(frame), f"ttft s@{last['step'].max()}": to_first_token[last.index].mean(),
-            "s/question": asked.sum(axis=1).mean(), "memory tokens stored": last["memory_tokens"].mean(),
-            "groups": frame["group"].nunique()}
+    return row.cells(frame, "method", **{f"ttft s@{last['step'].max()}": to_first_token[last.index].mean(),
+                                         "s/question": asked.sum(axis=1).mean(),
+                                         "memory tokens stored": last["memory_tokens"].mean()})
 
 
 PEERS = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "peers.yaml"      # its methods' order
@@ -155,11 +190,10 @@ def peers_section(root, runs, figures) -> Section:
         section.missing = "no runs yet: memdefrag experiment=peers"
         return section
     order = {label: i for i, label in enumerate(OmegaConf.load(PEERS).hydra.sweeper.params.method.split(","))}
-    table = pd.DataFrame([peer_row(r, label) for r, label in zip(chosen, labels_per_table(chosen))])
-    records = [finished_records(r) for r in chosen]
-    table[f"vs {PEER_REFERENCE}"] = versus(records, list(zip(table.model, table.dataset)), list(table.method),
-                                           PEER_REFERENCE)
-    claims = supported(root, "peers", table, "method", records)
+    rows = rows_of(chosen, labels_per_table(chosen))
+    table = pd.DataFrame([peer_row(row) for row in rows])
+    table[f"vs {PEER_REFERENCE}"] = versus(rows, PEER_REFERENCE)
+    claims = supported(root, "peers", rows)
     table = table.sort_values(["model", "dataset", "method"], kind="stable",     # by the sweep's option a label
                               key=lambda c: c.str.split().str[0].map(order).fillna(len(order))   # begins with
                               if c.name == "method" else c)
@@ -178,20 +212,24 @@ def peers_section(root, runs, figures) -> Section:
 
 
 def labels_per_table(runs: list[Run]) -> list[str]:
-    """Each run's label (harness.summary.run_labels) among the runs of its own model and dataset."""
+    """Each run's label (harness.summary.run_labels) among the runs of its own model and dataset, its seed left
+    out (runs of several seeds are one row)."""
+    def seedless(config: dict) -> dict:
+        return {**config, "task": {k: v for k, v in config["task"].items() if k != "seed"}}
+
     labels = {}
     for key in {(r.model, r.config["task"]["dataset"]) for r in runs}:
         same = [r for r in runs if (r.model, r.config["task"]["dataset"]) == key]
-        labels |= {id(r): label for r, label in zip(same, run_labels([r.config for r in same]))}
+        labels |= {id(r): label for r, label in zip(same, run_labels([seedless(r.config) for r in same]))}
     return [labels[id(r)] for r in runs]
 
 
-def supported(root: Path, label: str, table: pd.DataFrame, row: str, records: list[pd.DataFrame]) -> str:
+def supported(root: Path, label: str, rows: list[Row]) -> str:
     """The claims of root/claims.yaml on this table, each with its numbers (harness.claims), as a list under
     'What the table supports' ('' where none is made)."""
     claims = read_claims(root / "claims.yaml")
-    keyed = {(label, m, d, r): frame for m, d, r, frame in zip(table.model, table.dataset, table[row], records)}
-    sentences = rendered(claims, keyed, label)
+    keyed = {(label, row.model, row.dataset, row.name): row.records for row in rows}
+    sentences = rendered(claims, keyed, label, QUESTION[:-1])
     if not sentences:
         return ""
     return ("\n\nWhat the table supports (`claims.yaml`; a difference only where McNemar's exact p < 0.05 on the "

@@ -56,6 +56,25 @@ def test_a_malformed_claim_is_one_line(tmp_path, entry, message):
         write(tmp_path)
 
 
+def test_runs_of_several_seeds_are_one_row_paired_question_by_question(tmp_path):
+    """Two seeds of each method pool into one row (60 questions); pairing is by (seed, group): the same group
+    index under another seed is another question."""
+    for seed in (42, 43):
+        for method, right in (("epic_top2", 13), ("memdefrag_top2", 9)):
+            wrong = range(30 - right) if seed == 43 else range(right, 30)     # seed 43: the other groups right
+            records = [{"group": g, "step": 20, "correct": g not in wrong, "memory_tokens": 100,
+                        "seconds": {"prefill": 0.1, "decode": 1.0}} for g in range(30)]
+            fake_run(tmp_path / str(seed) / method, "Retention", method, records, study="peers",
+                     dataset="synthetic", seed=seed)
+    (tmp_path / "claims.yaml").write_text(WRONG)          # at 60 questions the same rates are a difference
+    readme = write(tmp_path).read_text()
+    table = readme.split("(`tab:peers`)")[1].split("\n## ")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if "| smollm2" in line]
+    assert [(row[2], row[3], row[-3], row[-2]) for row in rows] == [
+        ("memdefrag_top2", "30.0 [19.9, 42.5]", "60", "2"), ("epic_top2", "43.3 [31.6, 55.9]", "60", "2")]
+    assert "43.3 % against 30.0 %, +13.3 points (McNemar's exact p 0.0078, 60 questions)" in readme
+
+
 def committed_claims() -> list[str]:
     """The generated claim lines of the committed results/README.md."""
     return [line for line in (RESULTS / "README.md").read_text().splitlines()

@@ -11,9 +11,9 @@ from harness.report import write
 
 
 def fake_run(folder, task, method, records, forgetting="unbounded", info=None, study=None, dataset="nqa",
-             compression=None, model=None, method_options=None):
+             compression=None, model=None, method_options=None, seed=42):
     folder.mkdir(parents=True)
-    config = {"task": {"_target_": f"evals.{task.lower()}.{task}", "dataset": dataset, "updates": 50},
+    config = {"task": {"_target_": f"evals.{task.lower()}.{task}", "dataset": dataset, "updates": 50, "seed": seed},
               "method": {"label": method, **(method_options or {})}, "forgetting": {"label": forgetting},
               "model": model or {"name": "smollm2"},
               "prompt": "chat", "formation": "shared_sink", "study": study,
