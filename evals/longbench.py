@@ -19,18 +19,19 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from evals import synthetic_long
 from evals.metrics import METRICS, AnswerMetrics, BertScore
 from evals.retention import rank_of
+from evals.stats import bootstrap_mean, paired_difference, with_interval
 from methods.errors import ConfigError, one_of
 from methods.session import format_prompt
 
@@ -356,21 +357,51 @@ class LongBench:
 
 
 def scores_by_subset(records: list[dict], by: tuple[str, ...] = ("subset",)) -> pd.DataFrame:
-    """Mean of every metric (x100) per subset (and `by`), the answer chunk's mean rank, memory size, items,
-    and how many items were cut (truncated) or left out (skipped) for their length."""
+    """Mean of every metric (x100) per subset (and `by`) with its 95 % bootstrap interval over the items
+    (`<metric> low`, `<metric> high`), the answer chunk's mean rank, memory size, items, and how many items were
+    cut (truncated) or left out (skipped) for their length."""
     frame = pd.DataFrame(records)
     for column in ("truncated", "subset_skipped"):            # runs from before these were recorded
         if column not in frame:
             frame[column] = 0
-    return frame.groupby(list(by), sort=False).agg(
+    table = frame.groupby(list(by), sort=False).agg(
         **{m: (m, "mean") for m in METRICS}, target_rank=("target_rank", "mean"),
         chunks=("chunks", "mean"), memory_tokens=("memory_tokens", "mean"), items=("f1", "size"),
         truncated=("truncated", "sum"), skipped=("subset_skipped", "max")).reset_index()
+    for metric in METRICS:                                    # an item is one question over its own memory
+        bounds = frame.groupby(list(by), sort=False)[metric].apply(
+            lambda v: bootstrap_mean(v.to_numpy(), np.arange(len(v)))[1:]).tolist()
+        table.insert(table.columns.get_loc(metric) + 1, f"{metric} low", [low for low, _ in bounds])
+        table.insert(table.columns.get_loc(metric) + 2, f"{metric} high", [high for _, high in bounds])
+    return table
+
+
+PAIRED_METRIC, PAIRED_WITH = "f1", "vanilla"      # each run's F1 against vanilla's on the same items
+
+
+def versus_reference(records: pd.DataFrame, subset: str, run: str) -> str:
+    """The run's F1 minus the reference run's on the items of `subset` both answered, with its paired bootstrap
+    interval over the items ('' where there is no reference run)."""
+    mine = records[(records["subset"] == subset) & (records["run"] == run)]
+    theirs = records[(records["subset"] == subset) & (records["run"] == PAIRED_WITH)]
+    if run == PAIRED_WITH or theirs.empty:
+        return "reference" if run == PAIRED_WITH else ""
+    pair = mine.merge(theirs, on="group", suffixes=("", "_ref"))
+    difference, low, high = paired_difference(pair[f"{PAIRED_METRIC}_ref"], pair[PAIRED_METRIC], np.arange(len(pair)))
+    return f"{difference:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
 def longbench_table(records: list[dict]) -> pd.DataFrame:
-    """`tab:longbench`: one block per set, a row per run (records labelled with `run`), the metrics as columns."""
+    """`tab:longbench`: one block per set, a row per run (records labelled with `run`), every metric with its
+    interval (`50.0 [31.2, 68.8]`), and F1 against vanilla's on the same items."""
     table = scores_by_subset(records, ("subset", "run"))
+    frame = pd.DataFrame(records)
+    table[f"{PAIRED_METRIC} vs {PAIRED_WITH}"] = [versus_reference(frame, subset, run)
+                                                  for subset, run in zip(table["subset"], table["run"])]
     first_seen = {subset: i for i, subset in enumerate(dict.fromkeys(table["subset"]))}
     table = table.sort_values("subset", key=lambda column: column.map(first_seen), kind="stable")
-    return table.set_index(["subset", "run"]).drop(columns=["chunks", "memory_tokens"])
+    for metric in METRICS:
+        table[metric] = [with_interval(m / 100, lo / 100, hi / 100) for m, lo, hi in
+                         zip(table[metric], table[f"{metric} low"], table[f"{metric} high"])]
+    return table.set_index(["subset", "run"]).drop(columns=["chunks", "memory_tokens",
+                                                            *(f"{m} {b}" for m in METRICS for b in ("low", "high"))])

@@ -37,18 +37,25 @@ def mcnemar(only_first: int, only_second: int) -> float:
     return float(binomtest(only_first, discordant, 0.5).pvalue)
 
 
-def paired_difference(first: np.ndarray, second: np.ndarray, groups: np.ndarray, resamples: int = 2000,
-                      seed: int = 0, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
-    """(mean of second - first, low, high): the paired difference of per-question scores and its percentile
-    bootstrap interval, resampling whole groups."""
-    diff = np.asarray(second, dtype=float) - np.asarray(first, dtype=float)
+def bootstrap_mean(values: np.ndarray, groups: np.ndarray, resamples: int = 2000, seed: int = 0,
+                   confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(mean, low, high): the mean of per-question `values` and its percentile bootstrap interval, resampling
+    whole groups (a group's questions share its memory)."""
+    values = np.asarray(values, dtype=float)
     labels, index = np.unique(np.asarray(groups), return_inverse=True)
-    sums, counts = np.bincount(index, diff), np.bincount(index)
+    sums, counts = np.bincount(index, values), np.bincount(index)
     draws = np.random.default_rng(seed).integers(0, len(labels), size=(resamples, len(labels)))
     means = sums[draws].sum(axis=1) / counts[draws].sum(axis=1)
     tail = (1 - confidence) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail])
-    return float(diff.mean()), float(low), float(high)
+    return float(values.mean()), float(low), float(high)
+
+
+def paired_difference(first: np.ndarray, second: np.ndarray, groups: np.ndarray, **bootstrap) -> tuple[float, float,
+                                                                                                        float]:
+    """(mean of second - first, low, high): the paired difference of per-question scores and its bootstrap
+    interval over groups."""
+    return bootstrap_mean(np.asarray(second, dtype=float) - np.asarray(first, dtype=float), groups, **bootstrap)
 
 
 def with_interval(rate: float, low: float, high: float) -> str:

@@ -236,7 +236,9 @@ def longbench_section(root, runs, model: str) -> Section:
                       f"{'rescaled' if r['bertscore_rescaled'] else 'not rescaled'})" for r in records})
     folders = ", ".join(f"`{r.folder.relative_to(root)}`" for r in chosen)
     return Section(label, title, longbench_table(records).round(1),
-                   after=f"BERTScore: {', '.join(scorers)}. `target_rank`: density rank of the best-ranked chunk "
+                   after=f"Each metric with its 95 % bootstrap interval over the items; `f1 vs vanilla`: the F1 "
+                         f"difference against vanilla on the same items and its paired bootstrap interval. "
+                         f"BERTScore: {', '.join(scorers)}. `target_rank`: density rank of the best-ranked chunk "
                          f"holding a gold answer (methods that trace). Runs: {folders}.")
 
 

@@ -12,6 +12,7 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
+from evals.stats import wilson
 from harness.errors import OneLineParser
 from harness.results import read_jsonl
 
@@ -102,6 +103,15 @@ def accuracy_table(records: pd.DataFrame, value: str = "correct") -> pd.DataFram
     return out
 
 
+def intervals(records: pd.DataFrame) -> pd.DataFrame:
+    """One row per (dataset, run, step) of the finished groups: accuracy (%), n and its 95 % Wilson interval (%)."""
+    counts = complete_groups(records).groupby(["dataset", "run", "step"])["correct"].agg(["sum", "size"])
+    bounds = [wilson(int(k), int(n)) for k, n in zip(counts["sum"], counts["size"])]
+    return pd.DataFrame({"accuracy": 100 * counts["sum"] / counts["size"], "n": counts["size"],
+                         "low": [100 * low for low, _ in bounds], "high": [100 * high for _, high in bounds]},
+                        index=counts.index).reset_index()
+
+
 def metrics_of(*roots: str | Path) -> pd.DataFrame:
     """Every finished run's metrics.csv below `roots`, one after the other (tasks that ask no steps)."""
     frames = [pd.read_csv(folder / "metrics.csv") for folder in run_folders(*roots)
@@ -113,13 +123,15 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config, **kwargs) -> None:
         """Accuracy per step where the runs ask at steps; otherwise every run's metrics, one table."""
         sweep_dir = Path(config.hydra.sweep.dir)
-        table, what = sweep_table(sweep_dir), "Accuracy (%) per update step (finished groups last)"
+        records = records_of(run_folders(sweep_dir))
+        table, what = accuracy_table(records), "Accuracy (%) per update step (finished groups last)"
+        tidy = None if table.empty else intervals(records)      # the CSV: each accuracy with n and its interval
         if table.empty:
             table, what = metrics_of(sweep_dir), "Metrics per run"
         if table.empty:
             return
         (sweep_dir / "summary.md").write_text(table.to_markdown() + "\n")
-        table.to_csv(sweep_dir / "summary.csv")
+        (table if tidy is None else tidy).to_csv(sweep_dir / "summary.csv", index=tidy is None)
         print(f"\n{what}, {sweep_dir}:\n{table.to_string()}")
 
 

@@ -172,3 +172,16 @@ def test_a_longbench_run_records_every_metric_and_the_answer_chunks_rank(tmp_pat
         assert all(0 <= record[m] <= 100 for m in ("string_match", "f1", "rouge_l", "bertscore"))
         assert record["bertscore_model"] == "minilm" and record["bertscore_rescaled"] is False
         assert {"formation", "trace", "prefill", "decode"} <= record["seconds"].keys()
+
+
+def test_the_table_gives_every_metric_its_interval_and_f1_against_vanilla_on_the_same_items():
+    """Items 0-3: vanilla scores F1 0, 0, 50, 50; Top-2 scores 10 more on each: a certain +10 (every resample)."""
+    from evals.longbench import longbench_table
+
+    records = [{"subset": "s", "run": run, "group": g, "target_rank": 1, "chunks": 1, "memory_tokens": 1,
+                **dict.fromkeys(METRICS, 50.0 * (g // 2) + bonus)}
+               for run, bonus in (("vanilla", 0.0), ("memdefrag_top2", 10.0)) for g in range(4)]
+    table = longbench_table(records)
+    assert table.loc[("s", "memdefrag_top2"), "f1 vs vanilla"] == "+10.0 [+10.0, +10.0]"
+    assert table.loc[("s", "vanilla"), "f1 vs vanilla"] == "reference"
+    assert table.loc[("s", "vanilla"), "f1"] == "25.0 [0.0, 50.0]"

@@ -79,7 +79,8 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert re.search(r"\| nqa +\| 10 +\| +100 \| +0 \|", compressed)
     assert "self_information" not in readme.split("(`tab:retention_comparison`)")[1].split("\n## ")[0]
     longbench = readme.split("(`tab:longbench`)")[1].split("\n## ")[0]
-    assert re.search(r"\| fictional_document \| memdefrag_top2 \| +50 \| +75 \| +60 \| +40 \| +1.5 \| +2 \|", longbench)
+    assert re.search(r"\| fictional_document \| memdefrag_top2 \| 50.0 \[0.0, 100.0\] +\| 75.0 \[50.0, 100.0\] +\| "
+                     r"60.0 \[60.0, 60.0\] +\| 40.0 \[40.0, 40.0\] +\| +1.5 \| +2 \|", longbench)   # 2 items, bootstrapped
     assert "BERTScore: minilm (layer 6, not rescaled)" in longbench and "`l/m`" in longbench
     assert (tmp_path / "tables" / "longbench.tex").is_file()
     distortion = readme.split("fig:distortion")[1]

@@ -26,6 +26,20 @@ def test_partial_groups_are_left_out(tmp_path):
     assert table.index.tolist() == [("synthetic", "1"), ("synthetic", "5"), ("synthetic", "groups")]
 
 
+def test_the_sweeps_csv_gives_each_accuracy_its_n_and_interval(tmp_path):
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from harness.summary import SweepSummary
+
+    write_run(tmp_path, "a", [{"group": g, "step": 1, "correct": g < 5} for g in range(10)])
+    SweepSummary().on_multirun_end(SimpleNamespace(hydra=SimpleNamespace(sweep=SimpleNamespace(dir=str(tmp_path)))))
+    row = pd.read_csv(tmp_path / "summary.csv").iloc[0]
+    assert (row["run"], row["step"], row["accuracy"], row["n"]) == ("vanilla", 1, 50.0, 10)
+    assert (round(row["low"], 2), round(row["high"], 2)) == (23.66, 76.34)          # Wilson, Newcombe (1998)
+
+
 def test_runs_are_named_by_forgetting_and_by_what_varies(tmp_path):
     write_run(tmp_path, "a", [{"group": 0, "step": 10, "correct": True}], "nqa", "top2", query_mode="last")
     write_run(tmp_path, "b", [{"group": 0, "step": 10, "correct": False}], "nqa", "top2", "random", query_mode="last")
