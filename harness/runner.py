@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -36,15 +37,30 @@ def formed_fragments(spec: ModelSpec) -> dict:
     return _FORMED.setdefault((spec.source, spec.gguf_file, spec.dtype, spec.device, spec.device_map), {})
 
 
+def leaves(node, prefix: str = ""):
+    """(dotted key, value) of every leaf of a resolved config."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from leaves(value, f"{prefix}{key}.")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from leaves(value, f"{prefix}{i}.")
+    else:
+        yield prefix.rstrip("."), node
+
+
 def preflight(cfg: DictConfig):
     """Every check that can fail on input, before any model weight is loaded."""
     try:
-        OmegaConf.to_container(cfg, resolve=True)
+        resolved = OmegaConf.to_container(cfg, resolve=True)
     except InterpolationResolutionError as err:
         cause = err
         while cause is not None and not isinstance(cause, ConfigError):
             cause = cause.__cause__ or cause.__context__
         raise (cause or ConfigError(f"{err.full_key}: {str(err).splitlines()[0]}")) from None
+    for key, value in leaves(resolved):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value}: every number of a run must be finite")
     shard = shards.parse(cfg.shard)
     if cfg.max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} must be >= 1")

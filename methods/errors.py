@@ -1,6 +1,8 @@
 """The one error type for bad input, defined at the bottom so every layer can raise it: a ValueError whose
 message names the value and what is allowed, printed by the command as one line."""
 
+import math
+
 
 class ConfigError(ValueError):
     """A configuration or input value that is not allowed; the message names it and what is."""
@@ -19,10 +21,10 @@ def whole_number(key: str, value, least: int = 1) -> None:
 
 
 def number_in(key: str, value, low: float, high: float | None = None, why: str = "") -> None:
-    """Refuse anything but a number above `low` (within [low, high] where `high` is given), naming the key,
-    the value and why it matters."""
-    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    """Refuse anything but a finite number above `low` (within [low, high] where `high` is given), naming the
+    key, the value and why it matters."""
+    number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
     fits = number and (low <= value <= high if high is not None else value > low)
     if not fits:
-        allowed = f"a number in [{low:g}, {high:g}]" if high is not None else f"a number > {low:g}"
+        allowed = f"a finite number in [{low:g}, {high:g}]" if high is not None else f"a finite number > {low:g}"
         raise ConfigError(f"{key}={value!r} must be {allowed}{f' ({why})' if why else ''}")

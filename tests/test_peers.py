@@ -184,3 +184,11 @@ def test_a_family_computing_attention_inline_is_refused_before_its_weights_load(
         with pytest.raises(ConfigError, match="computes attention inline"):
             method.check_model(FAMILIES["falcon"]())
         method.check_model(FAMILIES["llama"]())
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), -float("inf")])
+def test_a_library_caller_gets_the_same_refusal_of_a_non_finite_number(bad):
+    with pytest.raises(ConfigError, match="must be a finite number > 0"):
+        APE(temperature=bad)
+    with pytest.raises(ConfigError, match=r"must be a finite number in \[0, 1\]"):
+        CacheBlend(ratio=bad)
