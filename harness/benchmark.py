@@ -23,7 +23,6 @@ SmolLM2; on a GPU the peak memory is the CUDA allocator's.
 from __future__ import annotations
 
 import argparse
-import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from evals.retention import Retention
 from harness.errors import ConfigError, OneLineParser, stops_on_config_error
+from harness.outputs import writable_file, writable_folder
 from harness.models import DTYPES, ModelSpec, check_device, check_source, grouped_sdpa_on_cpu, load, pick_device
 from methods.formation import Former
 from methods.backends.hidden_prefix import HiddenPrefixBackend
@@ -253,20 +253,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             raise ConfigError(f"--tokenizer {args.tokenizer}: needs --shape (the embedded model brings its own)")
         if args.out:
             writable_file("--out", args.out)
+        if args.save_random:
+            writable_folder("--save-random", args.save_random)
         tokenizer = tokenizer_of(args.tokenizer)
         if not args.save_random:                  # saving a random checkpoint reads no data
             retention(args, max(args.sizes)).groups(tokenizer)     # data for every size, or one line
     return args
-
-
-def writable_file(option: str, path: str) -> None:
-    """A file the benchmark can write when it ends: its folder exists and may be written."""
-    folder = Path(path).absolute().parent
-    if Path(path).is_dir():
-        raise ConfigError(f"{option} {path}: is a folder; give a file (e.g. {Path(path) / 'speed.md'})")
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigError(f"{option} {path}: cannot be written ({folder} is not a folder this user may write); "
-                          f"give a file in an existing folder")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from harness import report
 from harness.compare import config_key
 from harness.errors import ConfigError, OneLineParser
+from harness.outputs import inside, writable_folder
 from harness.results import atomic_write, read_config
 from harness.summary import run_folders, run_labels
 
@@ -38,12 +39,15 @@ def destinations(runs: list[Path], into: Path) -> list[Path]:
 
 
 def collect(runs_dir: Path, study: str, into: Path) -> list[Path]:
-    """Copy every run below runs_dir into into/study; returns the folders written."""
+    """Copy every run below runs_dir into into/study (which must stay inside `into`, a folder this user may
+    write); returns the folders written."""
+    writable_folder("--into", into)
+    target = inside("study", study, into)
     runs = run_folders(runs_dir)
     if not runs:
         raise ConfigError(f"{runs_dir} holds no run (a folder with config.yaml and predictions.jsonl): "
                           "nothing collected")
-    places = destinations(runs, into / study)
+    places = destinations(runs, target)
     for run, place in zip(runs, places):
         place.mkdir(parents=True, exist_ok=True)
         for name in FILES:

@@ -14,8 +14,10 @@ goes to stdout (or --markdown FILE) and a machine-readable one to --json FILE.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from omegaconf import OmegaConf
 
 from evals.stats import mcnemar
 from harness.errors import ConfigError, OneLineParser, stops_on_config_error
+from harness.outputs import writable_file
 from harness.results import ResultFolder, atomic_write, read_config, read_jsonl
 from harness.summary import run_folders
 
@@ -96,12 +99,17 @@ def config_key(folder: Path, ignore: tuple[str, ...]) -> str:
 
 
 def paired(a_runs: list[Path], b_runs: list[Path], ignore: tuple[str, ...]):
-    """(name, a folder or None, b folder or None) for every config on either side."""
-    a_keys = {config_key(f, ignore): f for f in a_runs}
-    b_keys = {config_key(f, ignore): f for f in b_runs}
-    for key in sorted(a_keys.keys() | b_keys.keys(), key=lambda k: str(a_keys.get(k) or b_keys.get(k))):
-        a, b = a_keys.get(key), b_keys.get(key)
-        yield (a or b).name, a, b
+    """(name, a folder or None, b folder or None) for every config on either side: every run of a config on one
+    side against every run of it on the other (a side holding it twice is compared twice, never dropped)."""
+    a_keys, b_keys = defaultdict(list), defaultdict(list)
+    for keys, runs in ((a_keys, a_runs), (b_keys, b_runs)):
+        for folder in runs:
+            keys[config_key(folder, ignore)].append(folder)
+    for key in sorted(a_keys.keys() | b_keys.keys(), key=lambda k: str((a_keys.get(k) or b_keys.get(k))[0])):
+        lefts, rights = a_keys.get(key, [None]), b_keys.get(key, [None])
+        for a, b in itertools.product(lefts, rights):
+            several = len(lefts) > 1 or len(rights) > 1
+            yield (f"{a.name if a else '-'} vs {b.name if b else '-'}" if several else (a or b).name), a, b
 
 
 def question_of(record: dict) -> tuple:
@@ -239,8 +247,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.max_slowdown is not None and args.max_slowdown <= 0:
             raise ConfigError(f"--max-slowdown {args.max_slowdown} must be > 0")
         for option, path in (("--markdown", args.markdown), ("--json", args.json)):
-            if path is not None and not path.absolute().parent.is_dir():
-                raise ConfigError(f"{option} {path}: its folder does not exist")
+            if path is not None:
+                writable_file(option, path)
         reports, unpaired = compare(args.a, args.b, tuple(args.ignore), Tolerance(args.tol, args.max_slowdown,
                                                                                       args.tol_scored))
     text = markdown(reports, unpaired)

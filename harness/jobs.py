@@ -10,17 +10,16 @@ or any weights load.
 from __future__ import annotations
 
 import itertools
-import os
-from pathlib import Path
 
 from hydra import compose, initialize_config_module
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.types import RunMode
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.errors import ConfigError
+from harness.outputs import writable_folder
 from harness.runner import preflight
 
 RUN_FLAGS = ("-m", "--multirun")          # any other Hydra flag (--help, --cfg, ...) asks for no run
@@ -44,15 +43,6 @@ def composed(config_name: str, overrides: list[str], hydra: bool = False):
         raise one_line(err) from None
 
 
-def writable_folder(path: str) -> None:
-    """The output folder can be made: its nearest existing ancestor is a folder we may write."""
-    ancestor = Path(path).absolute()
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ConfigError(f"output folder {path!r} cannot be created: {ancestor} is not a folder this user may write")
-
-
 def job_overrides(config_name: str, args: list[str]) -> list[list[str]]:
     """The overrides of every job `args` ask for: one for a run, one per point of a multirun."""
     overrides = [a for a in args if a not in RUN_FLAGS]
@@ -63,7 +53,7 @@ def job_overrides(config_name: str, args: list[str]) -> list[list[str]]:
         raise one_line(err) from None
     base = composed(config_name, [o.input_line for o in parsed if not o.is_sweep_override()], hydra=True)
     multirun = any(a in RUN_FLAGS for a in args) or base.hydra.mode == RunMode.MULTIRUN
-    writable_folder(base.hydra.sweep.dir if multirun else base.hydra.run.dir)
+    writable_folder("output folder", base.hydra.sweep.dir if multirun else base.hydra.run.dir)
     if not multirun:
         return [overrides]
     given = {o.key_or_group for o in parsed}
@@ -94,8 +84,11 @@ def check_jobs(config_name: str, args: list[str]) -> None:
     with initialize_config_module("conf", version_base="1.3"):
         jobs = job_overrides(config_name, args)
         for job in jobs:
-            cfg = composed(config_name, job)
+            cfg = composed(config_name, job, hydra=True)
+            choices = dict(cfg.hydra.runtime.choices)
+            with open_dict(cfg):
+                del cfg["hydra"]
             try:
-                preflight(cfg)
+                preflight(cfg, choices)
             except ConfigError as err:
                 raise ConfigError(f"{err} (job {' '.join(job)})" if len(jobs) > 1 else str(err)) from None

@@ -9,6 +9,7 @@ from enum import StrEnum
 from pathlib import Path
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
@@ -49,8 +50,13 @@ def leaves(node, prefix: str = ""):
         yield prefix.rstrip("."), node
 
 
-def preflight(cfg: DictConfig):
-    """Every check that can fail on input, before any model weight is loaded."""
+def preflight(cfg: DictConfig, choices: dict | None = None):
+    """Every check that can fail on input, before any model weight is loaded. choices: the option the command
+    line chose in each config group (Hydra's), which messages name; a group's label where they are unknown."""
+
+    def named(group: str) -> str:
+        return f"{group}={(choices or {}).get(group) or cfg[group].label}"
+
     try:
         resolved = OmegaConf.to_container(cfg, resolve=True)
     except InterpolationResolutionError as err:
@@ -74,7 +80,7 @@ def preflight(cfg: DictConfig):
         raise ConfigError(str(err)) from None
     method = build(cfg.method, "method")
     if cfg.backend not in method.backends:
-        raise ConfigError(f"backend={cfg.backend}: method={cfg.method.label} reads its memory with "
+        raise ConfigError(f"backend={cfg.backend}: {named('method')} reads its memory with "
                           f"backend={' or '.join(method.backends)}")
     selfcheck.refuse_unsupported(BACKENDS[cfg.backend], model_config)
     try:
@@ -84,7 +90,7 @@ def preflight(cfg: DictConfig):
         raise ConfigError(str(err)) from None
     task = build(cfg.task, "task")
     if method.needs_targets and not getattr(task, "marks_targets", False):
-        raise ConfigError(f"method={cfg.method.label} reads the fragments a task marks as holding the answer, and "
+        raise ConfigError(f"{named('method')} reads the fragments a task marks as holding the answer, and "
                           f"task {cfg.task._target_.rsplit('.', 1)[-1]} marks none: use a task that does "
                           f"(retention, distortion, longbench)")
     task.check()
@@ -95,14 +101,14 @@ def preflight(cfg: DictConfig):
                           f"{positions} positions (model {spec.name}), which also hold the memory and the prompt")
     forgetting = build(cfg.forgetting, "forgetting")
     if method.keeps_own_memory and forgetting.capacity is not None:
-        raise ConfigError(f"forgetting={cfg.forgetting.label}: method={cfg.method.label} keeps a memory of its "
+        raise ConfigError(f"{named('forgetting')}: {named('method')} keeps a memory of its "
                           f"own that forgets by its own rule; use forgetting=none")
     if forgetting.layerwise and not method.needs_latent:
-        raise ConfigError(f"forgetting={cfg.forgetting.label} drops different tokens at every layer; "
-                          f"method={cfg.method.label} has no layers (use a latent method or forgetting=random)")
+        raise ConfigError(f"{named('forgetting')} drops different tokens at every layer; "
+                          f"{named('method')} has no layers (use a latent method or forgetting=random)")
     if forgetting.layerwise and method.recomputes:
-        raise ConfigError(f"forgetting={cfg.forgetting.label} drops different tokens at every layer; "
-                          f"method={cfg.method.label} recomputes memory tokens from their ids, which must be the same "
+        raise ConfigError(f"{named('forgetting')} drops different tokens at every layer; "
+                          f"{named('method')} recomputes memory tokens from their ids, which must be the same "
                           f"at every layer (use forgetting=random or informativeness)")
     compressor = build(cfg.compression, "compression")
     try:
@@ -188,7 +194,8 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    spec, method, task, forgetting, compressor, groups = preflight(cfg)
+    choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else None
+    spec, method, task, forgetting, compressor, groups = preflight(cfg, choices)
     label = cfg.method.label
     tags = [f"method:{label}", f"task:{cfg.task._target_.rsplit('.', 1)[-1]}", f"dataset:{cfg.task.dataset}",
             f"model:{spec.name}", f"forgetting:{cfg.forgetting.label}"]

@@ -2,6 +2,7 @@
 before any job runs or any model weights load (table-driven, through the real command in-process)."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -93,7 +94,8 @@ CASES = [
     (["task=probe", "task.layers=middle"], "task.layers='middle' must be 'all', 'band' or a list"),
     (["task=probe", "task.fragments=1"], "task.fragments=1 must be >= 2"),
     (["task=probe", "task.positions=[0]"], "task.positions=[0] must lie in 1..task.fragments=20"),
-    (["hydra.run.dir=/etc/hostname/run"], "output folder '/etc/hostname/run' cannot be created"),
+    (["hydra.run.dir=/etc/hostname/run"], "output folder /etc/hostname/run: cannot be written (/etc/hostname is "
+                                           "not a folder)"),
     (["task=longbench", "task.subsets=[nosuch]"], "task.subsets=['nosuch'] must name some of ['fictional_passages'"),
     (["task=longbench", "task.dataset=longbench", "task.subsets=[musique]", "task.data_dir=/nowhere"],
      "task.subsets: no data for 'musique' in /nowhere/longbench"),
@@ -377,6 +379,24 @@ COMMAND_CASES = {   # the other commands: argv -> what the one line says ({tmp}:
                                                   "{tmp}/nowhere"], "--tokenizer {tmp}/nowhere: not a folder"),
     "bench with a tokenizer for the embedded model": (["memdefrag-bench", "--tokenizer", "{tmp}"],
                                                       "--tokenizer {tmp}: needs --shape"),
+    "bench saving under a file": (["memdefrag-bench", "--shape", "tiny", "--save-random", "{tmp}/f/sub"],
+                                  "--save-random {tmp}/f/sub: cannot be written ({tmp}/f is not a folder)"),
+    "bench saving into a read-only folder": (["memdefrag-bench", "--shape", "tiny", "--save-random", "{tmp}/ro/rnd"],
+                                             "--save-random {tmp}/ro/rnd: cannot be written ({tmp}/ro is a folder "
+                                             "this user may not write)"),
+    "compare writing its JSON into a read-only folder": (["memdefrag", "compare", "{tmp}/runs", "{tmp}/runs",
+                                                          "--json", "{tmp}/ro/d.json"],
+                                                         "--json {tmp}/ro/d.json: cannot be written"),
+    "compare writing Markdown over a folder": (["memdefrag", "compare", "{tmp}/runs", "{tmp}/runs", "--markdown",
+                                                "{tmp}/ro"], "--markdown {tmp}/ro: is a folder"),
+    "collect into a read-only folder": (["memdefrag", "collect", "{tmp}/runs", "study", "--into", "{tmp}/ro"],
+                                        "--into {tmp}/ro: cannot be written"),
+    "collect into a file": (["memdefrag", "collect", "{tmp}/runs", "study", "--into", "{tmp}/f"],
+                            "--into {tmp}/f: cannot be written ({tmp}/f is not a folder)"),
+    "collect a study climbing out": (["memdefrag", "collect", "{tmp}/runs", "../../escaped", "--into", "{tmp}/res"],
+                                     "study ../../escaped: must stay inside {tmp}/res"),
+    "collect a study at an absolute path": (["memdefrag", "collect", "{tmp}/runs", "/abs/study", "--into",
+                                             "{tmp}/res"], "study /abs/study: must stay inside {tmp}/res"),
 }
 
 
@@ -387,7 +407,16 @@ def test_the_other_commands_refuse_bad_input_in_one_line_before_any_work(case, t
 
     argv, message = ([a.replace("{tmp}", str(tmp_path)) for a in COMMAND_CASES[case][0]],
                      COMMAND_CASES[case][1].replace("{tmp}", str(tmp_path)))
-    before = sorted(tmp_path.iterdir())
+    if "read-only" in case and os.geteuid() == 0:
+        pytest.skip("root may write a read-only folder")
+    (tmp_path / "f").write_text("a file")
+    (tmp_path / "ro").mkdir(mode=0o555)
+    if "{tmp}/runs" in COMMAND_CASES[case][0]:                 # a run for compare and collect to read
+        run = tmp_path / "runs" / "vanilla"
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text("method: {label: vanilla}\ntask: {dataset: synthetic}\n")
+        (run / "predictions.jsonl").write_text('{"group": 0, "step": 1, "correct": true}\n')
+    before = sorted(p for p in tmp_path.rglob("*"))
     monkeypatch.setattr(sys, "argv", argv)
     monkeypatch.setattr(benchmark, "build", lambda *a: pytest.fail("the benchmark loaded a model"))
     with pytest.raises(SystemExit) as exit_:
@@ -395,7 +424,7 @@ def test_the_other_commands_refuse_bad_input_in_one_line_before_any_work(case, t
     assert exit_.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
-    assert no_work == [] and sorted(tmp_path.iterdir()) == before              # nothing written
+    assert no_work == [] and sorted(p for p in tmp_path.rglob("*")) == before  # nothing written
 
 
 def test_there_are_at_least_150_cases():

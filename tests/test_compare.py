@@ -55,6 +55,16 @@ def test_a_correctness_flip_is_its_own_kind(tmp_path):
     assert report.flips == [{"question": {"group": 0, "step": 1}, "field": "correct", "a": True, "b": False}]
 
 
+def test_two_runs_of_one_config_on_a_side_are_each_compared(tmp_path):
+    """A holds the same config twice, one run with a changed answer: both are compared, so the change shows."""
+    a_run(tmp_path / "a" / "first")
+    a_run(tmp_path / "a" / "second", records=edited("output", "changed"))
+    a_run(tmp_path / "b" / "vanilla")
+    reports, unpaired = compare(tmp_path / "a", tmp_path / "b", ignore=("task.data_dir",))
+    assert unpaired == [] and sorted(r.name for r in reports) == ["first vs vanilla", "second vs vanilla"]
+    assert [r.equal for r in sorted(reports, key=lambda r: r.name)] == [True, False]
+
+
 def test_whether_the_flips_are_more_than_chance_is_tested(tmp_path):
     """Eight questions B alone gets right against none the other way: McNemar's exact p = 2 / 2^8."""
     records = [{"group": g, "step": 1, "output": "x", "correct": False} for g in range(10)]

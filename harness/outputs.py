@@ -1,0 +1,49 @@
+"""Where a command may write, checked before it does any work: each refusal is one line naming the option, the
+path and what is wrong (a folder where a file is meant, a folder this user may not write, a path that leaves
+the folder it belongs to)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from harness.errors import ConfigError
+
+
+def writable(path: Path) -> bool:
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path` or its nearest ancestor that exists."""
+    path = path.absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def writable_file(option: str, path: str | Path) -> None:
+    """A file the command can write when it ends: not a folder, its folder existing and writable."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{option} {path}: is a folder; give a file (e.g. {path / 'out.md'})")
+    folder = path.absolute().parent
+    if not writable(folder):
+        why = "does not exist" if not folder.exists() else "is not a folder this user may write"
+        raise ConfigError(f"{option} {path}: cannot be written ({folder} {why}); give a file in an existing folder")
+
+
+def writable_folder(option: str, path: str | Path) -> None:
+    """A folder the command can write into or create: what exists of it is a folder this user may write."""
+    found = nearest_existing(Path(path))
+    if not writable(found):
+        what = "is not a folder" if not found.is_dir() else "is a folder this user may not write"
+        raise ConfigError(f"{option} {path}: cannot be written ({found} {what})")
+
+
+def inside(option: str, path: str | Path, root: str | Path) -> Path:
+    """`root`/`path`, refused where `path` is absolute or climbs out of `root` (`..`)."""
+    joined = (Path(root) / path).resolve()
+    if Path(path).is_absolute() or not joined.is_relative_to(Path(root).resolve()):
+        raise ConfigError(f"{option} {path}: must stay inside {root} (a relative path without '..' leaving it)")
+    return Path(root) / path
