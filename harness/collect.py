@@ -24,10 +24,15 @@ FILES = ("config.yaml", "predictions.jsonl", "groups.jsonl", "metrics.csv", "run
 
 
 def destinations(runs: list[Path], into: Path) -> list[Path]:
-    """Where each run goes; refused where a place is taken by a run of other settings, or by two runs."""
-    configs = [OmegaConf.to_container(read_config(run)) for run in runs]
-    places = [into / config["task"]["dataset"] / label.replace(" ", "+")
-              for config, label in zip(configs, run_labels(configs))]
+    """Where each run goes: where a run of its settings already lies, or under its label among the runs already
+    there and those collected with it (a setting that tells it from a run there joins its label); refused where
+    a place is taken by a run of other settings, or by two runs."""
+    present = run_folders(into) if into.is_dir() else []
+    same = {config_key(folder, ()): folder for folder in present}
+    configs = [OmegaConf.to_container(read_config(run)) for run in [*present, *runs]]
+    labels = run_labels(configs)[len(present):]
+    places = [same.get(config_key(run, ())) or into / config["task"]["dataset"] / label.replace(" ", "+")
+              for run, config, label in zip(runs, configs[len(present):], labels)]
     for run, place in zip(runs, places):
         if places.count(place) > 1:
             raise ConfigError(f"runs {[str(r) for r, p in zip(runs, places) if p == place]} would all be "

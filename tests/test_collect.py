@@ -40,6 +40,20 @@ def test_a_place_taken_by_other_settings_is_refused_before_anything_is_copied(tm
     collect(tmp_path / "old", "retention", tmp_path / "results")          # the same run again: refreshed
 
 
+def test_a_run_told_apart_from_one_already_there_gets_the_setting_in_its_name(tmp_path):
+    """EPIC under formation=own_bos beside the EPIC already collected: its own folder, named by what differs;
+    the run already there is found again where it lies."""
+    fake_run(tmp_path / "old" / "0", "Retention", "epic k=32", STEPS, dataset="synthetic")
+    collect(tmp_path / "old", "peers", tmp_path / "results")
+    fake_run(tmp_path / "new" / "0", "Retention", "epic k=32", STEPS, dataset="synthetic")
+    config = tmp_path / "new" / "0" / "config.yaml"
+    config.write_text(config.read_text().replace("formation: shared_sink", "formation: own_bos"))
+    assert collect(tmp_path / "new", "peers", tmp_path / "results") == [
+        tmp_path / "results" / "peers" / "synthetic" / "epic+k=32+formation=own_bos"]
+    assert collect(tmp_path / "old", "peers", tmp_path / "results") == [
+        tmp_path / "results" / "peers" / "synthetic" / "epic+k=32"]
+
+
 def test_nothing_to_collect_is_one_clear_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "harness", "collect", str(tmp_path), "retention"],
                           capture_output=True, text=True, cwd=tmp_path)
