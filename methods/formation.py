@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from methods.memory import Fragment, LatentMemory
-from methods.attention.decoder import hooked, layers
+from methods.attention.decoder import cache_keyword, hooked, layers
 from methods.attention.positions import Rotary, watching_rotary
 from methods.errors import one_of
 
@@ -137,7 +137,7 @@ class Former:
         # Gemma-4's layers that reuse another layer's keys)
         run = self.model if self.keep_self_info else self.model.get_decoder()
         with capture_layer_inputs(self.model) as inputs, watch as rotated:
-            out = run(input_ids=ids.view(1, -1).to(device), past_key_values=cache, use_cache=True)
+            out = run(input_ids=ids.view(1, -1).to(device), **{cache_keyword(run): cache}, use_cache=True)
         self_info = torch.full((len(ids),), float("inf"))
         if self.keep_self_info:
             nll = next_token_nll(out.logits[0], ids)

@@ -6,6 +6,8 @@ import time
 
 import torch
 
+from methods.attention.decoder import cache_keyword
+
 
 def clock(device: torch.device) -> float:
     """perf_counter once the device has finished its queued work (a GPU runs ahead of Python)."""
@@ -31,7 +33,7 @@ def greedy(model, logits: torch.Tensor, cache, position: int, max_new_tokens: in
         out.append(next_id)
         if len(out) == max_new_tokens:
             break
-        step = model(input_ids=torch.tensor([[next_id]], device=model.device), past_key_values=cache,
+        step = model(input_ids=torch.tensor([[next_id]], device=model.device), **{cache_keyword(model): cache},
                      position_ids=torch.tensor([[position]], device=model.device), use_cache=True)
         position += 1
         next_id = int(step.logits[0, -1].argmax())

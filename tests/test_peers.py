@@ -10,6 +10,7 @@ from methods.attention.parallel import merged_probabilities
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.backends.text_prefix import TextPrefix
+from methods.attention.decoder import cache_keyword
 from methods.base import Reading
 from methods.baselines import Vanilla
 from methods.errors import ConfigError
@@ -92,7 +93,7 @@ def test_cacheblend_chooses_the_tokens_whose_values_deviate_most_at_the_check_la
     memory, prompt = formed(llama, tokenizer, "shared_sink"), prompt_of(tokenizer)
     layer, ratio = 1, 0.1
     full = DynamicCache()
-    llama(input_ids=memory.text_ids().view(1, -1), past_key_values=full, use_cache=True)
+    llama(input_ids=memory.text_ids().view(1, -1), **{cache_keyword(llama): full}, use_cache=True)
     recomputed = full.layers[layer].values[0]                                  # [kv_heads, 1+N, d]
     stored = torch.cat([f.values[layer] for f in [memory.sink, *memory.fragments]], dim=1)
     by_hand = ((recomputed - stored) ** 2).sum(dim=(0, 2))[1:]

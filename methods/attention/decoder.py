@@ -10,6 +10,7 @@ Which state a layer keeps is read from transformers' own per-layer cache types.
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
 
 import torch
@@ -22,6 +23,13 @@ SHARED = "dummy"                                         # transformers' type of
 
 class DecoderError(ValueError):
     """A decoder whose layers cannot be latent memory (or whose stack cannot be found)."""
+
+
+def cache_keyword(module) -> str:
+    """The keyword a model's (or decoder's) forward takes its key/value cache by: `cache` in transformers that
+    renamed it, `past_key_values` before (5.0 up to the rename; the old name warns from 5.24, goes in 5.40)."""
+    parameters = inspect.signature(type(module).forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def num_layers(config) -> int:

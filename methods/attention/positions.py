@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from transformers import DynamicCache
 
-from methods.attention.decoder import attention, attentions, hooked, layers
+from methods.attention.decoder import attention, attentions, cache_keyword, hooked, layers
 from methods.memory import Layered
 
 ROTARY_PREFIX = "apply_rotary"
@@ -199,7 +199,7 @@ class Rotary:
         ids = torch.arange(3, 3 + PROBE_TOKENS, device=self.model.device).view(1, -1)
         cache = DynamicCache()
         with watching_rotary(self.model) as seen:
-            self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            self.model(input_ids=ids, **{cache_keyword(self.model): cache}, use_cache=True, logits_to_keep=1)
         kind = self.model.config.model_type
         if len(cache.layers) != n_layers:
             raise RotaryError(f"model type {kind!r}: {n_layers - len(cache.layers)} of its {n_layers} layers keep no "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from methods.attention.decoder import hooked, layers
+from methods.attention.decoder import cache_keyword, hooked, layers
 from methods.attention.tracing import StopForward, attention_calls, until_stopped
 
 
@@ -68,8 +68,9 @@ def recompute(model, cache, token_ids: torch.Tensor, positions: torch.Tensor) ->
         return inner(module, query, key, value, masks[window], **kwargs)
 
     with attention_calls(model, masked):
-        model.get_decoder()(input_ids=token_ids[positions.cpu()].view(1, -1).to(device), past_key_values=cache,
-                            position_ids=positions.view(1, -1), use_cache=True)
+        decoder = model.get_decoder()
+        decoder(input_ids=token_ids[positions.cpu()].view(1, -1).to(device), **{cache_keyword(decoder): cache},
+                position_ids=positions.view(1, -1), use_cache=True)
     for layer in cache.layers:
         layer.move(held, positions)
         layer.fill_to(held)
@@ -90,7 +91,8 @@ def recompute_through(model, cache, token_ids: torch.Tensor, last_layer: int) ->
 
     with hooked(layers(model), stop, before=False, only=[last_layer]):
         until_stopped(model.get_decoder(), input_ids=token_ids[1:held].view(1, -1).to(model.device),
-                      past_key_values=cache, position_ids=torch.arange(1, held, device=model.device).view(1, -1),
+                      **{cache_keyword(model.get_decoder()): cache},
+                      position_ids=torch.arange(1, held, device=model.device).view(1, -1),
                       use_cache=True)
     for layer in cache.layers:
         layer.fill_to(held)

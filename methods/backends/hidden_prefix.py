@@ -15,7 +15,7 @@ from transformers import DynamicCache
 
 from methods.base import Reading
 from methods.memory import LatentMemory
-from methods.attention.decoder import embeddings, hooked, layers
+from methods.attention.decoder import cache_keyword, embeddings, hooked, layers
 from methods.attention.tracing import recording_attention, until_stopped
 
 
@@ -89,9 +89,10 @@ class HiddenPrefixBackend:
                 reading: Reading = Reading()):
         """The last `logits_to_keep` (0: all p) prompt logits [., vocab], the cache to decode with, and the
         next position (the prefix's positions get no logits); `reading`'s positions recomputed."""
-        out, prefix_len = self._run(memory, prompt_ids, reading, past_key_values=DynamicCache(), use_cache=True,
+        cache = DynamicCache()
+        out, prefix_len = self._run(memory, prompt_ids, reading, **{cache_keyword(self.model): cache}, use_cache=True,
                                     logits_to_keep=logits_to_keep or len(prompt_ids))
-        return out.logits[0], out.past_key_values, prefix_len + len(prompt_ids)
+        return out.logits[0], cache, prefix_len + len(prompt_ids)
 
     @torch.no_grad()
     def attention_rows(self, memory: LatentMemory, prompt_ids: torch.Tensor, layers: list[int]):

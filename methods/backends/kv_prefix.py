@@ -245,7 +245,7 @@ def pad(rows: torch.Tensor, width: int) -> torch.Tensor:
 def run_after(model, cache: Cache, ids: torch.Tensor, start: int, **kwargs):
     """Run `ids` [T] at positions start..start+T-1, after the `start` positions `cache` holds."""
     positions = torch.arange(start, start + len(ids), device=model.device).view(1, -1)
-    return model(input_ids=ids.view(1, -1).to(model.device), past_key_values=cache, position_ids=positions,
+    return model(input_ids=ids.view(1, -1).to(model.device), **{decoder.cache_keyword(model): cache}, position_ids=positions,
                  use_cache=True, **kwargs)
 
 
