@@ -10,7 +10,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import conf  # noqa: F401 - registers the typed schemas the configs extend
-from harness import collect, compare, report, shards, tracer_layers
+from harness import cache, collect, compare, report, shards, tracer_layers
 from harness.errors import OneLineParser, stops_on_config_error
 from harness.jobs import check_jobs
 from harness.runner import run
@@ -39,6 +39,20 @@ def tracer_sweep(cfg: DictConfig):
           f"(mean rank {choice['mean_rank']}), recorded in {path}")
 
 
+def verify_cache(argv: list[str]) -> None:
+    """`memdefrag cache verify`: every entry of MEMDEFRAG_CACHE checked against its manifest; a damaged one is
+    removed (its next use builds it again); exit 1 if any was."""
+    parser = OneLineParser(prog="memdefrag cache", description=verify_cache.__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["verify"])
+    parser.parse_args(argv)
+    found = cache.verify()
+    for entry, ok in found:
+        print(f"{'intact' if ok else 'damaged, removed'}: {entry}")
+    damaged = sum(not ok for _, ok in found)
+    print(f"{len(found) - damaged} entries intact, {damaged} damaged ({cache.cache_dir()})")
+    sys.exit(1 if damaged else 0)
+
+
 def merge(argv: list[str]) -> None:
     """`memdefrag merge SWEEP_DIR...`: every complete set of shards below each folder, merged."""
     parser = OneLineParser(prog="memdefrag merge", description=merge.__doc__)
@@ -63,6 +77,9 @@ def main() -> None:
     elif command == "collect":
         with stops_on_config_error("memdefrag collect"):
             collect.main(sys.argv[2:])
+    elif command == "cache":
+        with stops_on_config_error("memdefrag cache"):
+            verify_cache(sys.argv[2:])
     elif command == "tracer-sweep":
         del sys.argv[1]
         with stops_on_config_error("memdefrag tracer-sweep"):

@@ -67,8 +67,43 @@ def test_a_touched_but_unchanged_entry_is_kept(own_cache, tmp_path):
     log, entry = tmp_path / "log", cache.usable("models") / "m"
     cache.build(entry, maker(log))
     os.utime(entry / "weights.bin", ns=(1, 1))
-    assert cache.intact(entry) and cache.intact(entry)               # hashed once, then cheap again
-    assert cache.read_json(entry / cache.MANIFEST)["weights.bin"]["mtime_ns"] == 1
+    assert cache.intact(entry) and cache.build(entry, maker(log)) == entry and log.read_text().count("built") == 1
+
+
+def test_bit_rot_that_keeps_size_and_time_is_found_and_rebuilt(own_cache, tmp_path):
+    """Part of the weights zeroed in place, the file's modification time put back: only the content tells."""
+    log, entry = tmp_path / "log", cache.usable("models") / "m"
+    cache.build(entry, maker(log))
+    weights = entry / "weights.bin"
+    before = weights.stat()
+    with weights.open("r+b") as handle:
+        handle.seek(100)
+        handle.write(b"\0" * 400)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert weights.stat().st_size == before.st_size and weights.stat().st_mtime_ns == before.st_mtime_ns
+    assert not cache.intact(entry)
+    cache.build(entry, maker(log))
+    assert log.read_text().count("built") == 2 and weights.read_bytes() == b"x" * 1000
+
+
+def test_verify_checks_every_entry_and_removes_the_damaged(own_cache, tmp_path, capsys):
+    from harness.cli import main
+
+    good, bad = cache.usable("models") / "good", cache.usable("models") / "bad"
+    gguf = cache.usable("gguf") / "model.gguf"
+    for entry in (good, bad):
+        cache.build(entry, maker(tmp_path / "log"))
+    cache.build(gguf, lambda partial: partial.write_bytes(b"gguf" * 100))
+    (bad / "weights.bin").write_bytes(b"\0" * 1000)
+    assert [(e.name, ok) for e, ok in cache.verify()] == [("model.gguf", True), ("bad", False), ("good", True)]
+    assert not bad.exists() and good.exists() and gguf.exists()
+    sys_argv, sys.argv = sys.argv, ["memdefrag", "cache", "verify"]
+    try:
+        with pytest.raises(SystemExit) as done:
+            main()
+    finally:
+        sys.argv = sys_argv
+    assert done.value.code == 0 and "2 entries intact, 0 damaged" in capsys.readouterr().out
 
 
 def test_a_file_entry_is_verified_too(own_cache, tmp_path):
