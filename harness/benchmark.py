@@ -23,6 +23,7 @@ SmolLM2; on a GPU the peak memory is the CUDA allocator's.
 from __future__ import annotations
 
 import argparse
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -257,8 +258,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             writable_folder("--save-random", args.save_random)
         tokenizer = tokenizer_of(args.tokenizer)
         if not args.save_random:                  # saving a random checkpoint reads no data
-            retention(args, max(args.sizes)).groups(tokenizer)     # data for every size, or one line
+            try:
+                retention(args, max(args.sizes)).groups(tokenizer)     # data for every size, or one line
+            except ConfigError as err:
+                raise ConfigError(in_flags(str(err))) from None
     return args
+
+
+TASK_FLAGS = {"task.dataset": "--dataset", "task.data_dir": "--data-dir", "task.updates": "--sizes",
+              "task.groups": "groups (1 + 2 x --repeats)"}
+
+
+def in_flags(message: str) -> str:
+    """A retention task's refusal in the bench's own flags: `task.data_dir='x'` as `--data-dir 'x'`."""
+    for key, flag in TASK_FLAGS.items():
+        message = re.sub(rf"{re.escape(key)}=(\S+)", rf"{flag} \1", message)
+    return message
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -172,7 +172,7 @@ class ResultFolder:
         except ConfigError as err:
             raise ConfigError(f"{self.folder} holds results but {err}; choose another output folder, or pass "
                               f"resume=false to start it over") from None
-        now = comparable(cfg)
+        before, now = flattened(before), flattened(comparable(cfg))
         changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
         if changed:
             raise ConfigError(f"{self.folder} holds a run with other settings ({', '.join(changed)}); "
@@ -224,6 +224,13 @@ class ResultFolder:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def flattened(node, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}: a config's settings by dotted key (a list is one setting)."""
+    if not isinstance(node, dict) or not node:
+        return {prefix.rstrip("."): node}
+    return {k: v for key, value in node.items() for k, v in flattened(value, f"{prefix}{key}.").items()}
 
 
 def read_config(folder: Path):

@@ -19,7 +19,7 @@ from harness import selfcheck, shards
 from harness.errors import ConfigError
 from harness.models import ModelSpec, check_source, load
 from harness.plugins import build
-from harness.results import ResultFolder, metrics_table, peak_memory_mb, reset_peak_memory
+from harness.results import ResultFolder, flattened, metrics_table, peak_memory_mb, reset_peak_memory
 from methods.attention.decoder import num_layers
 from methods.forgetting import CapacityError
 from methods.backends.hidden_prefix import HiddenPrefixBackend
@@ -38,18 +38,6 @@ def formed_fragments(spec: ModelSpec) -> dict:
     return _FORMED.setdefault((spec.source, spec.gguf_file, spec.dtype, spec.device, spec.device_map), {})
 
 
-def leaves(node, prefix: str = ""):
-    """(dotted key, value) of every leaf of a resolved config."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from leaves(value, f"{prefix}{key}.")
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from leaves(value, f"{prefix}{i}.")
-    else:
-        yield prefix.rstrip("."), node
-
-
 def preflight(cfg: DictConfig, choices: dict | None = None):
     """Every check that can fail on input, before any model weight is loaded. choices: the option the command
     line chose in each config group (Hydra's), which messages name; a group's label where they are unknown."""
@@ -64,9 +52,10 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
         while cause is not None and not isinstance(cause, ConfigError):
             cause = cause.__cause__ or cause.__context__
         raise (cause or ConfigError(f"{err.full_key}: {str(err).splitlines()[0]}")) from None
-    for key, value in leaves(resolved):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{key}={value}: every number of a run must be finite")
+    for key, value in flattened(resolved).items():
+        for number in value if isinstance(value, list) else [value]:
+            if isinstance(number, float) and not math.isfinite(number):
+                raise ConfigError(f"{key}={value}: every number of a run must be finite")
     shard = shards.parse(cfg.shard)
     if cfg.max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} must be >= 1")

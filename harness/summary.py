@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from evals.stats import wilson
 from harness.errors import OneLineParser
-from harness.results import read_jsonl
+from harness.results import flattened, read_jsonl
 
 
 # settings a run's label already says, or that do not make it another run
@@ -46,7 +46,7 @@ def records_of(folders: list[Path]) -> pd.DataFrame:
 def run_labels(configs: list[dict]) -> list[str]:
     """`method[+forgetting][+compressor@rate]` (a method's label names its own knobs, e.g. `ape T=0.9 S=0.9`), then,
     only where runs would share that label, `name=value` for each setting that differs between those runs."""
-    flats = [_flatten(c) for c in configs]
+    flats = [flattened(c) for c in configs]
     labels = []
     for config in configs:
         forgetting = config.get("forgetting", {}).get("label", "unbounded")
@@ -63,13 +63,6 @@ def run_labels(configs: list[dict]) -> list[str]:
                          and len({repr(f.get(k)) for f in same}) > 1)
         out.append(" ".join([label, *(f"{k.rsplit('.', 1)[-1]}={flat[k]}" for k in varying if k in flat)]))
     return out
-
-
-def _flatten(node, prefix: str = "") -> dict:
-    """{"a": {"b": 1}} -> {"a.b": 1}."""
-    if not isinstance(node, dict) or not node:
-        return {prefix.rstrip("."): node}
-    return {k: v for key, value in node.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
 
 
 def complete_groups(records: pd.DataFrame) -> pd.DataFrame:

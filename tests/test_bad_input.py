@@ -361,7 +361,10 @@ COMMAND_CASES = {   # the other commands: argv -> what the one line says ({tmp}:
     "bench of more groups than the data holds": (["memdefrag-bench", "--data-dir", "{tmp}/nowhere", "--sizes", "5"],
                                                  "has no folder nqa/"),
     "bench of a huge memory": (["memdefrag-bench", "--dataset", "synthetic", "--sizes", "100000"],
-                               "task.updates=100000 need"),
+                               "--sizes 100000 need"),
+    "bench of an unknown dataset": (["memdefrag-bench", "--dataset", "foo"], "--dataset 'foo' is not one of"),
+    "bench of a data folder without the set": (["memdefrag-bench", "--data-dir", "{tmp}/nowhere"],
+                                               "--data-dir '{tmp}/nowhere' has no folder nqa/"),
     "bench into a missing folder": (["memdefrag-bench", "--out", "{tmp}/no/dir/x.md"], "--out {tmp}/no/dir/x.md: "
                                                                                        "cannot be written"),
     "bench into a folder": (["memdefrag-bench", "--out", "{tmp}"], "--out {tmp}: is a folder"),
@@ -439,7 +442,7 @@ def test_resuming_into_a_folder_of_another_run_is_refused_before_weights_load(tm
     (folder / "groups.jsonl").write_text('{"group": 0, "seconds": 1.0}\n')
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
     line = refused(["task.groups=4", "logger=none", f"hydra.run.dir={folder}"], monkeypatch, capsys)
-    assert f"{folder} holds a run with other settings (task)" in line
+    assert f"{folder} holds a run with other settings (task.groups)" in line
 
 
 def test_a_checkpoint_that_ships_code_is_refused_unless_trusted(tmp_path, monkeypatch, capsys, no_work):

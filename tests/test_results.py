@@ -46,7 +46,7 @@ def test_a_rerun_keeps_finished_groups_and_drops_the_cut_one(tmp_path):
 
 def test_a_rerun_with_other_settings_is_refused(tmp_path):
     interrupted_run(tmp_path)
-    with pytest.raises(ConfigError, match=r"holds a run with other settings \(method\)"):
+    with pytest.raises(ConfigError, match=r"holds a run with other settings \(method.label\)"):
         ResultFolder(tmp_path, OmegaConf.merge(CFG, {"method": {"label": "text"}}))
     with ResultFolder(tmp_path, CFG, resume=False) as fresh:
         assert fresh.done == {}
