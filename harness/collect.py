@@ -35,8 +35,12 @@ def destinations(runs: list[Path], into: Path) -> list[Path]:
               for run, config, label in zip(runs, configs[len(present):], labels)]
     for run, place in zip(runs, places):
         if places.count(place) > 1:
-            raise ConfigError(f"runs {[str(r) for r, p in zip(runs, places) if p == place]} would all be "
-                              f"collected as {place}: collect them separately, or give them distinct labels")
+            together = [r for r, p in zip(runs, places) if p == place]
+            if any(read_config(r).get("shard") for r in together):
+                raise ConfigError(f"runs {[str(r) for r in together]} are shards of one run: join them with "
+                                  f"`memdefrag merge {runs[0].parent}` and collect the merged run")
+            raise ConfigError(f"runs {[str(r) for r in together]} would all be collected as {place}: collect "
+                              f"them separately, or give them distinct labels")
         if (place / "config.yaml").is_file() and config_key(place, ()) != config_key(run, ()):
             raise ConfigError(f"{place} holds a run with other settings than {run}: collect into another "
                               "study, or move that run away first")

@@ -54,6 +54,15 @@ def test_a_run_told_apart_from_one_already_there_gets_the_setting_in_its_name(tm
         tmp_path / "results" / "peers" / "synthetic" / "epic+k=32"]
 
 
+def test_shards_of_one_run_are_sent_to_merge(tmp_path):
+    for index in (0, 1):
+        fake_run(tmp_path / "sweep" / str(index), "Retention", "vanilla", STEPS, dataset="nqa")
+        config = tmp_path / "sweep" / str(index) / "config.yaml"
+        config.write_text(config.read_text() + f"shard: {index}/2\n")
+    with pytest.raises(ConfigError, match=r"are shards of one run: join them with `memdefrag merge .*sweep`"):
+        collect(tmp_path / "sweep", "retention", tmp_path / "results")
+
+
 def test_nothing_to_collect_is_one_clear_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "harness", "collect", str(tmp_path), "retention"],
                           capture_output=True, text=True, cwd=tmp_path)
