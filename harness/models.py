@@ -13,6 +13,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -148,7 +149,15 @@ def _loading_error(spec: ModelSpec, err: Exception) -> ConfigError:
     return ConfigError(
         f"model.source={spec.source!r} cannot be loaded: it must be one of {sorted(EMBEDDED)} (embedded), a "
         f"local checkpoint folder, a .gguf file, or a Hugging Face hub id already in the local cache "
-        f"(the hub is unreachable offline). Cause: {text.splitlines()[0] if text else type(err).__name__}")
+        f"(the hub is unreachable offline). Cause: {one_line_cause(err)}")
+
+
+def one_line_cause(err: Exception, limit: int = 400) -> str:
+    """A library's error as one line: its lines joined (a list after "one of:" kept), hub URLs dropped (offline
+    they lead nowhere, and for a local folder transformers writes a bogus one), cut at `limit` characters."""
+    text = re.sub(r"[^.\n]*https?://\S+[^.\n]*\.?", "", str(err))        # a sentence pointing at a URL
+    text = " ".join(text.split()) or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def check_source(spec: ModelSpec):

@@ -21,3 +21,16 @@ def test_a_changed_file_is_hashed_again(tmp_path, monkeypatch):
     before = content_key(path)
     path.write_bytes(b"two, longer")
     assert content_key(path) != before
+
+
+def test_a_library_error_is_shown_whole_on_one_line_without_dead_links():
+    from harness.models import one_line_cause
+
+    err = OSError("Can't load tokenizer for '/data/m'. Make sure that it holds a tokenizer from one of:\n"
+                  "- tokenizer.json\n- vocab.txt\n")
+    assert one_line_cause(err) == ("Can't load tokenizer for '/data/m'. Make sure that it holds a tokenizer from "
+                                   "one of: - tokenizer.json - vocab.txt")
+    err = OSError("/data/m does not appear to have a file named x.gguf. Checkout 'https://huggingface.co//data/m/tree/"
+                  "main' for available files.")
+    assert one_line_cause(err) == "/data/m does not appear to have a file named x.gguf."
+    assert one_line_cause(OSError("x" * 500)).endswith("...") and len(one_line_cause(OSError("x" * 500))) == 400
