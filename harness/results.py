@@ -19,6 +19,7 @@ the run with one line naming the folder; what was finished stays on disk.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -184,8 +185,12 @@ class ResultFolder:
         try:
             yield
         except OSError as err:
-            raise ConfigError(f"cannot write the results in {self.folder}: {err.strerror or err}; the groups "
-                              f"finished so far are kept: make room and rerun the same command to resume") from None
+            if err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise ConfigError(f"cannot write the results in {self.folder}: {err.strerror}; the groups finished "
+                                  f"so far are kept: make room and rerun the same command to resume") from None
+            raise ConfigError(f"cannot write the results in {self.folder}: {err.filename2 or err.filename or self.folder}: "
+                              f"{err.strerror or err}; the groups finished so far are kept: mend that path (or "
+                              f"choose another output folder) and rerun the same command to resume") from None
 
     def add(self, record: dict) -> None:
         line = json.dumps(record)

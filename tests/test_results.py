@@ -147,3 +147,11 @@ def test_a_rewrite_that_fails_keeps_the_file_it_would_replace(tmp_path, monkeypa
         ResultFolder(tmp_path, CFG)
     assert (tmp_path / "predictions.jsonl").read_text() == before
     assert not list(tmp_path.glob(".*.partial"))
+
+
+def test_a_config_that_is_a_folder_is_named_not_taken_for_a_full_disk(tmp_path):
+    (tmp_path / "config.yaml").mkdir()
+    with pytest.raises(ConfigError) as refused:
+        ResultFolder(tmp_path, CFG)
+    assert f"{tmp_path / 'config.yaml'}: Is a directory" in str(refused.value)
+    assert "make room" not in str(refused.value)
