@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -17,7 +18,7 @@ from tqdm import tqdm
 
 from harness import selfcheck, shards
 from harness.errors import ConfigError
-from harness.models import ModelSpec, check_source, load
+from harness.models import ModelSpec, check_source, load, one_line_cause
 from harness.plugins import build
 from harness.results import ResultFolder, flattened, metrics_table, peak_memory_mb, reset_peak_memory
 from methods.attention.decoder import num_layers
@@ -114,6 +115,28 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
     return spec, method, task, forgetting, compressor, groups
 
 
+def ready(spec, backend_name: str):
+    """(model, tokenizer, backend, self-check verdict). Whatever fails while the model loads or the backend is
+    checked on it (a layer list it cannot find, a rotary function it cannot read, a row it cannot record) ends
+    the run with one line naming model.source, its type, the step and the cause; MEMDEFRAG_DEBUG=1 shows the
+    traceback instead."""
+    step = "loading it"
+    try:
+        model, tokenizer = load(spec)
+        step = f"checking backend={backend_name} on it"
+        backend = BACKENDS[backend_name](model)
+        return model, tokenizer, backend, selfcheck.verify(backend, tokenizer, spec)
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any model's failure here is the user's model, said in one line
+        if os.environ.get("MEMDEFRAG_DEBUG"):
+            raise
+        kind = getattr(getattr(locals().get("model"), "config", None), "model_type", None) or "unknown"
+        raise ConfigError(f"model.source={spec.source!r} (model type {kind!r}) failed while {step}: "
+                          f"{type(err).__name__}: {one_line_cause(err)}; this harness cannot run it"
+                          + (f" with backend={backend_name}" if step != "loading it" else "")) from None
+
+
 def compression_summary(compressor, logs: list[dict]) -> dict:
     """The compressor, and over every fragment this invocation stored: tokens before and after, the
     share kept, the seconds it took."""
@@ -137,9 +160,7 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
     """Answer every group the folder does not hold yet, each logged as it ends; write the metrics and run.json.
     Returns (metrics, records, info)."""
     reset_peak_memory()
-    model, tokenizer = load(spec)
-    backend = BACKENDS[cfg.backend](model)
-    verdict = selfcheck.verify(backend, tokenizer, spec)
+    model, tokenizer, backend, verdict = ready(spec, cfg.backend)
     label = cfg.method.label
     formed = formed_fragments(spec)
     compressed: list[dict] = []

@@ -104,3 +104,38 @@ def test_what_only_the_fast_backend_refuses_runs_on_the_hidden_prefix_backend(fa
     rows = backend.attention_rows(memory, prompt, [0, 1])
     assert torch.isfinite(logits).all() and position == 1 + memory.n_tokens + len(prompt)
     assert rows[1].shape == (len(prompt), position) and torch.isfinite(rows[1]).all()
+
+
+@pytest.mark.parametrize("config_class", ["GPTJConfig", "CodeGenConfig"])
+def test_a_rotary_function_taking_sin_before_cos_is_read_by_name_and_refused_truthfully(config_class, tokenizer):
+    """GPT-J and CodeGen: f(tensor, sin, cos), tables from a buffer of the attention rather than the decoder's
+    rotary embedding: the probe reads the rotated tensor by name (it took `sin` for one and raised IndexError),
+    and the fast backend refuses in one line why it cannot place their keys."""
+    import transformers
+
+    from methods.attention.positions import RotaryError, modeling_module, rotated_parameters
+    from methods.formation import Former
+    from methods.memory import LatentMemory
+
+    config = getattr(transformers, config_class)(vocab_size=128, n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
+                                                 n_positions=512, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    assert rotated_parameters(modeling_module(model).apply_rotary_pos_emb) == ["tensor"]
+    with pytest.raises(RotaryError, match="its cached keys could not be traced to one rotation"):
+        Former(model, tokenizer, keep_kv=True).store(LatentMemory(), "the cat sat")
+
+
+def test_a_model_that_fails_while_it_is_checked_ends_the_run_in_one_line(monkeypatch):
+    """Whatever a model raises while it loads or the backend is checked on it: one line naming the source, its
+    type, the step and the cause (no traceback)."""
+    from harness import runner
+    from harness.models import ModelSpec
+
+    monkeypatch.setattr(runner, "load", lambda spec: (torch.nn.Linear(1, 1), None))
+    monkeypatch.setattr(runner.selfcheck, "verify", lambda *a: ().__getitem__(1))
+    with pytest.raises(ConfigError) as refused:
+        runner.ready(ModelSpec("m", "/models/m"), "fast")
+    assert str(refused.value) == ("model.source='/models/m' (model type 'unknown') failed while checking "
+                                  "backend=fast on it: IndexError: tuple index out of range; this harness cannot "
+                                  "run it with backend=fast")

@@ -41,9 +41,10 @@ def modeling_module(model):
 
 
 def rotated_parameters(function) -> list[str]:
-    """The rotary function's parameters it rotates and returns in order: those before `cos`."""
+    """The rotary function's parameters it rotates and returns in order: those before its tables (`cos` and
+    `sin`, in either order: GPT-J's is f(tensor, sin, cos))."""
     names = list(inspect.signature(function).parameters)
-    return names[: names.index("cos")]
+    return names[: min(names.index("cos"), names.index("sin"))]
 
 
 def rotary_functions(module) -> dict:
@@ -261,10 +262,10 @@ class Rotary:
         """tensor [L, heads, T, rot] given positions by the model's own function, heads on axis 1."""
         apply, count, extra = self.functions[rotation.function]
         if count == 1:
-            return apply(tensor, cos, sin, **extra)
+            return apply(tensor, cos=cos, sin=sin, **extra)
         tensors = [tensor[:1, :1]] * count                          # cheap stand-ins for the query
         tensors[rotation.slot] = tensor
-        return apply(*tensors, cos, sin, **extra)[rotation.slot]
+        return apply(*tensors, cos=cos, sin=sin, **extra)[rotation.slot]
 
     def stacked(self, per_layer: list[torch.Tensor]) -> torch.Tensor | Layered:
         """Layer tensors [heads, T, d] as the store keeps them: one tensor, or one per group of layers that
