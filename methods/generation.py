@@ -24,17 +24,33 @@ def stop_ids(model, tokenizer) -> set[int]:
     return {int(i) for i in ids if i is not None}
 
 
+CHECK_EVERY = 8          # on a GPU, tokens decoded between two looks for a stop id (the loop's only host syncs)
+
+
 @torch.no_grad()
-def greedy(model, logits: torch.Tensor, cache, position: int, max_new_tokens: int, stop: set[int]) -> list[int]:
-    """Continue greedily from the last row of `logits` [p, vocab] until a stop id or the budget."""
-    out: list[int] = []
-    next_id = int(logits[-1].argmax())
-    while len(out) < max_new_tokens and next_id not in stop:
-        out.append(next_id)
-        if len(out) == max_new_tokens:
+def greedy(model, logits: torch.Tensor, cache, position: int, max_new_tokens: int, stop: set[int],
+           check_every: int | None = None) -> list[int]:
+    """Continue greedily from the last row of `logits` [p, vocab] until a stop id or the budget; the ids before
+    the first stop id.
+
+    Each next id stays on the device and feeds the next step as it is: the host reads the ids only every
+    `check_every` tokens to look for a stop (default: CHECK_EVERY on a GPU; every token on a CPU, where a look
+    costs nothing and a step past the stop would), so a GPU never waits for the host inside the loop. The steps
+    decoded past a stop are dropped; the ids are those of a loop that stops at once."""
+    device = model.device
+    if max_new_tokens < 1:
+        return []
+    check_every = check_every or (1 if device.type == "cpu" else CHECK_EVERY)
+    positions = torch.arange(position, position + max_new_tokens, device=device).view(1, -1)
+    stops = torch.tensor(sorted(stop), dtype=torch.long, device=device)
+    ids = [logits[-1].argmax().view(1, 1)]
+    keyword = cache_keyword(model)
+    while len(ids) < max_new_tokens:
+        if len(ids) % check_every == 0 and torch.isin(torch.cat(ids[-check_every:]), stops).any():
             break
-        step = model(input_ids=torch.tensor([[next_id]], device=model.device), **{cache_keyword(model): cache},
-                     position_ids=torch.tensor([[position]], device=model.device), use_cache=True)
-        position += 1
-        next_id = int(step.logits[0, -1].argmax())
-    return out
+        step = model(input_ids=ids[-1], **{keyword: cache}, position_ids=positions[:, len(ids) - 1:len(ids)],
+                     use_cache=True)
+        ids.append(step.logits[0, -1].argmax().view(1, 1))
+    out = torch.cat(ids).view(-1).tolist()
+    first_stop = next((i for i, token in enumerate(out) if token in stop), len(out))
+    return out[:first_stop]

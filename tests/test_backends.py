@@ -211,3 +211,18 @@ def test_grouped_sdpa_on_cpu_changes_no_number(family_model, tokenizer, monkeypa
     (logits, rows, answer), (grouped_logits, grouped_rows, grouped_answer) = results
     assert torch.equal(logits, grouped_logits) and answer == grouped_answer
     assert all(torch.equal(rows[layer], grouped_rows[layer]) for layer in layers)
+
+
+@pytest.mark.parametrize("check_every", [1, 3, 8])
+def test_decoding_that_looks_for_a_stop_every_few_tokens_gives_the_same_ids(llama, tokenizer, check_every):
+    """The device-side loop (stops looked for every few tokens, the steps past one dropped) against a plain
+    loop that reads every id on the host and stops at once, for every stop id it meets."""
+    memory = formed(llama, tokenizer, "shared_sink")
+    prompt = torch.tensor(tokenizer("where is the cat?", add_special_tokens=False)["input_ids"])
+    backend = KVPrefixBackend(llama)
+    logits, cache, position = backend.prefill(memory, prompt, room=16)
+    plain = greedy(llama, logits, cache, position, 12, set(), check_every=1)
+    assert len(plain) == 12
+    for stop in {plain[0], plain[3], plain[-1]}:
+        logits, cache, position = backend.prefill(memory, prompt, room=16)
+        assert greedy(llama, logits, cache, position, 12, {stop}, check_every) == plain[:plain.index(stop)]
