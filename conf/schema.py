@@ -30,7 +30,7 @@ from omegaconf import MISSING, SI, OmegaConf
 
 from harness.models import ModelSpec
 from harness.runner import Backend
-from methods.formation import Formation
+from methods.formation import Formation, Residence
 from methods.session import PromptStyle
 
 CONF = Path(__file__).parent
@@ -100,6 +100,7 @@ class RunSchema:
     logger: Any = MISSING
     backend: Backend = Backend.fast
     formation: Formation = Formation.shared_sink
+    memory_on: Residence = Residence.model
     prompt: PromptStyle = SI("${model.prompt}")
     max_new_tokens: int = 32
     threads: Optional[int] = None

@@ -173,7 +173,7 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
                       initial=len(folder.done), total=len(groups)):
         session = Session(model, tokenizer, backend, method.for_group(group.index), cfg.formation, cfg.prompt,
                           cfg.max_new_tokens, reuse=formed, forgetting=forgetting.for_group(group.index),
-                          compressor=compressor)
+                          compressor=compressor, memory_on=cfg.memory_on)
         start, answered = time.perf_counter(), []
         try:
             for record in task.run_group(session, group):

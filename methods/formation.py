@@ -28,6 +28,9 @@ from methods.attention.positions import Rotary, watching_rotary
 from methods.errors import one_of
 
 Formation = StrEnum("Formation", ["shared_sink", "reference", "own_bos"])   # see the module docstring
+# where a fragment's tensors live: on the model's device (no copy at formation, forgetting or placement), or in
+# host memory (pinned on a GPU, so placement copies overlap compute) for a memory larger than the device
+Residence = StrEnum("Residence", ["model", "host"])
 
 
 def sink_token_id(tokenizer) -> int:
@@ -67,8 +70,11 @@ class Former:
     """
 
     def __init__(self, model, tokenizer, formation: Formation = "shared_sink", keep_kv: bool = True,
-                 keep_states: bool = False, reuse: dict | None = None, keep_self_info: bool = False):
+                 keep_states: bool = False, reuse: dict | None = None, keep_self_info: bool = False,
+                 memory_on: Residence = "model"):
         one_of("formation", formation, Formation)
+        one_of("memory_on", memory_on, Residence)
+        self.memory_on = memory_on
         self.model, self.tokenizer, self.formation = model, tokenizer, formation
         self.keep_kv, self.keep_states, self.keep_self_info = keep_kv, keep_states, keep_self_info
         self._next_id = 0
@@ -76,7 +82,7 @@ class Former:
 
     def __repr__(self) -> str:
         return (f"Former({self.formation}, kv={self.keep_kv}, states={self.keep_states}, "
-                f"self_info={self.keep_self_info})")
+                f"self_info={self.keep_self_info}, on={self.memory_on})")
 
     def token_ids(self, text: str, first: bool, kept: list[int] | None = None) -> torch.Tensor:
         """The ids prefilled for `text` (or for the ids `kept` of it by a compressor): a leading sink
@@ -146,8 +152,15 @@ class Former:
         if self.keep_kv:
             rotary = Rotary.of(self.model)
             keys, values = rotary.unrotated(rotated, cache)
-            fragment.keys = rotary.stacked([k.cpu() for k in keys])          # [L, kv, T, d]
-            fragment.values = rotary.stacked([v.cpu() for v in values])      # [L, kv, T, d_v]
+            fragment.keys = rotary.stacked([self.kept(k) for k in keys])          # [L, kv, T, d]
+            fragment.values = rotary.stacked([self.kept(v) for v in values])      # [L, kv, T, d_v]
         if self.keep_states:
-            fragment.states = torch.cat(inputs).cpu()                      # [L, T, hidden]
+            fragment.states = self.kept(torch.cat(inputs))                      # [L, T, hidden]
         return fragment
+
+    def kept(self, t: torch.Tensor) -> torch.Tensor:
+        """A formed tensor where the memory lives (see Residence)."""
+        if self.memory_on == "model":
+            return t
+        t = t.cpu()
+        return t.pin_memory() if torch.cuda.is_available() else t

@@ -57,6 +57,7 @@ class Fragment:
 
 def _select(t: torch.Tensor, positions: torch.Tensor, dim: int) -> torch.Tensor:
     """Positions [T'] along `dim` of every layer, or [layers, T'] (layer i keeps row i) of t [layers, ...]."""
+    positions = positions.to(t.device)
     if positions.dim() == 1:
         return t.index_select(dim, positions)
     view = [1] * t.dim()

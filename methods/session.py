@@ -54,7 +54,8 @@ class Answer:
 class Session:
     def __init__(self, model, tokenizer, backend, method: Method, formation: str, prompt: str,
                  max_new_tokens: int = 32, reuse: dict | None = None,
-                 forgetting: Forgetting | NoForgetting | None = None, compressor: Compression | None = None):
+                 forgetting: Forgetting | NoForgetting | None = None, compressor: Compression | None = None,
+                 memory_on: str = "model"):
         self.model, self.tokenizer, self.backend, self.method = model, tokenizer, backend, method
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
         self.compressor = compressor or NoCompression()
@@ -67,7 +68,7 @@ class Session:
             latent = method.needs_latent
             self.former = Former(model, tokenizer, formation, keep_kv=latent and backend.keep_kv,
                                  keep_states=latent and backend.keep_states, reuse=reuse,
-                                 keep_self_info=self.forgetting.needs_self_info)
+                                 keep_self_info=self.forgetting.needs_self_info, memory_on=memory_on)
             self.memory = LatentMemory()
         self.update_seconds: dict[str, float] = {}     # the last store's formation and forgetting
         self.text = TextPrefix(model)                   # plain-token memory (text, none)

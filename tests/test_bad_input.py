@@ -32,6 +32,7 @@ CASES = [
     (["task.max_context_tokens=big"], "task.max_context_tokens: Value 'big'"),
     (["task.dataset=imdb"], "task.dataset: Invalid value 'imdb', expected one of [synthetic, nqa, squad]"),
     (["backend=slow"], "backend: Invalid value 'slow', expected one of [fast, hidden_prefix]"),
+    (["memory_on=gpu"], "memory_on: Invalid value 'gpu', expected one of [model, host]"),
     (["formation=joint"], "formation: Invalid value 'joint', expected one of [shared_sink, reference, own_bos]"),
     (["prompt=foo"], "prompt: Invalid value 'foo', expected one of [chat, plain]"),
     (["model.dtype=float64"], "model.dtype: Invalid value 'float64'"),

@@ -79,3 +79,24 @@ def test_the_benchmark_on_cuda_times_both_backends_and_their_outputs_agree(tmp_p
                          columns=[c.strip() for c in lines[0].strip("|").split("|")])
     assert set(table[table.backend == "hidden_prefix"].same_output) == {"yes"}
     assert all(float(gb) > 0 for gb in table.peak_gb)
+
+
+def test_a_memory_in_pinned_host_memory_answers_as_one_on_the_device(tokenizer):
+    """memory_on=host: every stored tensor pinned in host memory, placed on the GPU per question; the same answer
+    and densities as the memory kept on the device."""
+    from methods.memdefrag import MemDefrag
+    from methods.session import Session
+    from methods.backends.kv_prefix import KVPrefixBackend
+    from tests.conftest import FRAGMENTS, tiny_model
+
+    model = tiny_model("llama").cuda()
+    answers = {}
+    for where in ("model", "host"):
+        session = Session(model, tokenizer, KVPrefixBackend(model), MemDefrag(2, 1, "mean"), "shared_sink", "plain",
+                          8, memory_on=where)
+        for text in FRAGMENTS:
+            session.store(text)
+        assert all(f.keys.is_pinned() == (where == "host") for f in session.memory.fragments)
+        answers[where] = session.ask("where is the cat?")
+    assert answers["model"].text == answers["host"].text
+    assert answers["model"].densities == pytest.approx(answers["host"].densities, abs=1e-6)

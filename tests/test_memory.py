@@ -151,3 +151,20 @@ def test_layers_of_different_shapes_keep_their_own_select_and_round_trip(tmp_pat
         for x, y in zip(a.keys.parts + a.values.parts, b.keys.parts + b.values.parts):
             assert torch.equal(x, y)
 
+
+
+def test_a_memory_kept_on_the_host_answers_as_one_kept_where_the_model_is(llama, tokenizer):
+    """On a CPU both residences are host memory: the same tensors, the same answer (the GPU tier checks pinning)."""
+    from methods.memdefrag import MemDefrag
+    from methods.session import Session
+    from methods.backends.kv_prefix import KVPrefixBackend
+    from tests.conftest import FRAGMENTS
+
+    answers = []
+    for where in ("model", "host"):
+        session = Session(llama, tokenizer, KVPrefixBackend(llama), MemDefrag(2, 1, "mean"), "shared_sink", "plain", 8,
+                          memory_on=where)
+        for text in FRAGMENTS:
+            session.store(text)
+        answers.append(session.ask("where is the cat?"))
+    assert answers[0].text == answers[1].text and answers[0].densities == answers[1].densities

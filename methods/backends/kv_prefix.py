@@ -116,7 +116,7 @@ class Placed:
             for slot, (buffers, stored) in enumerate(((self.keys, f.keys), (self.values, f.values))):
                 for layers, buffer, part in zip(self.groups, buffers, parts(stored)):
                     if layers:
-                        self.rotary.place(buffer[:, :, start:end], part[: len(layers)].to(buffer.device), slot,
+                        self.rotary.place(buffer[:, :, start:end], part[: len(layers)].to(buffer.device, non_blocking=True), slot,
                                           tables, position, layers)
             start = end
         self.fragments, self.parallel = frags, parallel
