@@ -46,6 +46,7 @@ from methods.baselines import NoMemory, TextMemory, Vanilla
 from methods.peers.ape import APE
 from methods.peers.cacheblend import CacheBlend
 from methods.peers.epic import EPIC
+from methods.generation import clock
 from methods.session import Answer, Session
 
 
@@ -202,6 +203,44 @@ def timed(sessions: dict, memory: LatentMemory, stand_ins: list[Fragment], quest
             for key in sessions}
 
 
+@dataclass(frozen=True)
+class Hardware:
+    """What the device measured here can do: bytes a copy moves per second (read and written, counted as the
+    device's own tools count them) and matmul FLOP/s in the model's dtype."""
+
+    bandwidth: float
+    flops: float
+
+    @classmethod
+    def measured(cls, model) -> "Hardware":
+        device, dtype = model.device, next(model.parameters()).dtype
+        side = 4096 if device.type == "cuda" else 1024
+        source = torch.empty(256 << 20 if device.type == "cuda" else 64 << 20, dtype=torch.uint8, device=device)
+        target, a = torch.empty_like(source), torch.randn(side, side, dtype=dtype, device=device)
+        copy = best_seconds(lambda: target.copy_(source), device)
+        product = best_seconds(lambda: a @ a, device)
+        return cls(2 * source.numel() / copy, 2 * side ** 3 / product)
+
+    def floors(self, model, prompt_tokens: int, recomputed: float) -> dict:
+        """Per generated token, the weights read once; before the first token, 2 FLOPs per parameter for every
+        token the answer runs (the prompt and the recomputed memory; attention's own work left out)."""
+        parameters = sum(p.numel() for p in model.parameters())
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        return {"floor_ms_per_token": 1000 * weight_bytes / self.bandwidth,
+                "floor_ttft_s": 2 * parameters * (prompt_tokens + recomputed) / self.flops}
+
+
+def best_seconds(work, device, repeats: int = 5) -> float:
+    """The fastest of `repeats` timed runs of `work` after one warm-up, the device's queue drained each time."""
+    work()
+    times = []
+    for _ in range(repeats):
+        start = clock(device)
+        work()
+        times.append(clock(device) - start)
+    return min(times)
+
+
 def timings(answers: list[Answer], updates: int) -> dict:
     """From one session's answers (before the updates, right after each of them, then the others): the fastest
     total right after an update and the fastest other answer's phases, time to first token, per-token and
@@ -213,7 +252,7 @@ def timings(answers: list[Answer], updates: int) -> dict:
     return {"update_total_s": min(sum(answer.seconds.values()) for answer in after_update), "ttft_s": to_first_token,
             "per_token_ms": 1000 * seconds["decode"] / max(best.tokens - 1, 1),
             "total_s": to_first_token + seconds["decode"], "trace_s": seconds.get("trace", 0.0), "tokens": best.tokens,
-            "recomputed": best.recomputed,
+            "recomputed": best.recomputed, "prompt_tokens": best.prompt_tokens,
             "output": tuple(answer.text for answer in answers)}
 
 
@@ -288,6 +327,7 @@ def main(argv: list[str] | None = None) -> None:
                **{f"memdefrag_top{k}": MemDefrag(k, tracer_layer, query_mode) for k in args.k},
                "ape": APE(), "epic": EPIC(), "cacheblend": CacheBlend()}
     methods = {name: m for name, m in methods.items() if name.split("_top")[0] in args.methods}
+    hardware = Hardware.measured(model)
     backends = {"fast": KVPrefixBackend}
     if args.hidden_prefix:
         backends["hidden_prefix"] = HiddenPrefixBackend
@@ -305,15 +345,20 @@ def main(argv: list[str] | None = None) -> None:
         sessions = sessions_of(model, tokenizer, methods, backends, args.new_tokens)
         per_session = timed(sessions, memory, stand_ins, questions, PeakMemory(model.device))
         for (method_name, backend_name), timing in per_session.items():
+            floors = hardware.floors(model, timing["prompt_tokens"], timing["recomputed"])
             rows.append({"n": n, "memory_tokens": memory.n_tokens, "method": method_name, "backend": backend_name,
-                         **timing})
+                         **timing, **floors, "per_token_vs_floor": timing["per_token_ms"] / floors["floor_ms_per_token"],
+                         "ttft_vs_floor": timing["ttft_s"] / floors["floor_ttft_s"]})
         print(pd.DataFrame(rows).drop(columns="output").tail(len(sessions)).to_string(index=False),
               flush=True)
     table = summarize(pd.DataFrame(rows))
     where = (f"model={args.shape or 'smollm2'}{' (random weights)' if args.shape else ''}, "
              f"device={model.device}, dtype={args.dtype}, threads={torch.get_num_threads()}, "
              f"dataset={args.dataset}, {args.new_tokens} generated tokens, best of {args.repeats} questions right "
-             f"after an update and of {args.repeats} others over the same memory, methods taking turns")
+             f"after an update and of {args.repeats} others over the same memory, methods taking turns; the floors: "
+             f"weights read once per token at the copy bandwidth measured here ({hardware.bandwidth / 1e9:.3g} GB/s), "
+             f"2 FLOPs per parameter per token run before the first at the matmul rate measured here "
+             f"({hardware.flops / 1e12:.3g} TFLOP/s)")
     text = table.astype(object).where(table.notna(), "").to_markdown(index=False, floatfmt=".3g")
     print(f"\n{where}\n{text}")
     if args.out:

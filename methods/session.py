@@ -47,6 +47,7 @@ class Answer:
     seconds: dict[str, float]     # per phase: the method's (e.g. trace, defragment) or plan, then prefill, decode
     tokens: int = 0               # tokens generated: the first from the prefill, the rest decoded
     read: list[int] | None = None # the fragment ids the answer read, where the method chose some
+    prompt_tokens: int = 0        # tokens of the prompt run after the memory
     recomputed: float = 0.0       # memory positions computed for the answer, averaged over the layers (text: all
                                   # of its tokens, unless a held prefix of them is reused)
 
@@ -131,4 +132,4 @@ class Session:
         dens = {} if plan.densities is None else dict(zip(self.memory.ids(), plan.densities.tolist()))
         return Answer(self.tokenizer.decode(new_ids, skip_special_tokens=True), memory_tokens, dens,
                       {**(plan.seconds or {"plan": t1 - t0}), "prefill": t2 - t1, "decode": t3 - t2}, len(new_ids),
-                      plan.read, recomputed)
+                      plan.read, len(prompt_ids), recomputed)

@@ -24,6 +24,9 @@ def test_the_benchmark_times_every_method_at_a_fixed_answer_length_and_checks_bo
     assert all(0 < float(t) < float(total) for t, total in zip(traced.trace_s, traced.total_s))
     assert all(float(r) == 1.0 for r in table[table.method == "none"].vs_none)
     assert all(float(f) > 0 for f in table.update_total_s)     # the question right after an update, apart
+    floors = table[["floor_ms_per_token", "per_token_vs_floor", "floor_ttft_s", "ttft_vs_floor"]].astype(float)
+    assert (floors > 0).all().all() and "the floors: weights read once per token" in header    # how far from the
+    assert len(set(table.floor_ms_per_token)) == 1                                         # hardware each figure is
 
 
 def test_a_random_checkpoint_of_a_shape_runs_through_the_harness(tmp_path):
