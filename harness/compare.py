@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from evals.stats import mcnemar
 from harness.errors import ConfigError, OneLineParser, stops_on_config_error
 from harness.outputs import writable_file
-from harness.results import ResultFolder, atomic_write, read_config, read_jsonl
+from harness.results import ResultFolder, as_of_now, atomic_write, read_config, read_jsonl
 from harness.summary import run_folders
 
 IDENTITY = ("group", "step", "position", "subset", "id", "layer")     # what names a question within a run
@@ -87,7 +87,7 @@ def runs_in(root: Path) -> list[Path]:
 
 def config_key(folder: Path, ignore: tuple[str, ...]) -> str:
     """The run's resolved config less the ignored keys (dotted), as a canonical string."""
-    config = OmegaConf.to_container(read_config(folder), resolve=False)
+    config = as_of_now(OmegaConf.to_container(read_config(folder), resolve=False))
     for key in (*IGNORED, *ignore):
         parts = key.split(".")
         node = config

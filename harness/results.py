@@ -167,7 +167,8 @@ class ResultFolder:
 
     def _check_same_run(self, cfg) -> None:
         def comparable(conf):
-            return {k: v for k, v in OmegaConf.to_container(conf, resolve=True).items() if k not in self.FREE}
+            return {k: v for k, v in as_of_now(OmegaConf.to_container(conf, resolve=True)).items()
+                    if k not in self.FREE}
         try:
             before = comparable(read_config(self.folder))
         except ConfigError as err:
@@ -229,6 +230,15 @@ class ResultFolder:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+LATER_SETTINGS = {"memory_on": "model"}    # settings added after runs were written: the value those runs had
+
+
+def as_of_now(config: dict) -> dict:
+    """A run's config with every setting added since it was written at the value it then had, so that a run
+    resumes, and pairs in `memdefrag compare`, across an upgrade that only added settings."""
+    return {**LATER_SETTINGS, **config}
 
 
 def flattened(node, prefix: str = "") -> dict:

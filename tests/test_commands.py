@@ -10,7 +10,7 @@ import pytest
     (["-m", "harness", "report", "{tmp}/nowhere"], "memdefrag report: error: {tmp}/nowhere: no such folder"),
     (["-m", "harness", "merge", "{tmp}/nowhere"], "memdefrag merge: error: {tmp}/nowhere: no such folder"),
     (["-m", "harness", "merge", "{tmp}"], "memdefrag merge: error: {tmp}: holds no sharded runs"),
-    (["-m", "harness.benchmark", "--data-dir", "{tmp}/nowhere"], "memdefrag-bench: error: task.data_dir="),
+    (["-m", "harness.benchmark", "--data-dir", "{tmp}/nowhere"], "memdefrag-bench: error: --data-dir "),
     (["-m", "harness.benchmark", "--sizes", "0", "5"], "memdefrag-bench: error: --sizes 0: must be >= 1"),
     (["-m", "harness.benchmark", "--new-tokens", "0", "--k", "-1"], "memdefrag-bench: error: --new-tokens 0, --k -1: "
                                                                   "must be >= 1"),

@@ -155,3 +155,15 @@ def test_a_config_that_is_a_folder_is_named_not_taken_for_a_full_disk(tmp_path):
         ResultFolder(tmp_path, CFG)
     assert f"{tmp_path / 'config.yaml'}: Is a directory" in str(refused.value)
     assert "make room" not in str(refused.value)
+
+
+def test_a_run_written_before_a_setting_existed_resumes_at_its_default(tmp_path):
+    """memory_on came after runs were written: such a run had the memory where the model is, and resumes."""
+    interrupted_run(tmp_path)
+    config = OmegaConf.load(tmp_path / "config.yaml")
+    config.pop("memory_on", None)
+    OmegaConf.save(config, tmp_path / "config.yaml")
+    with ResultFolder(tmp_path, OmegaConf.merge(CFG, {"memory_on": "model"})) as resumed:
+        assert resumed.done
+    with pytest.raises(ConfigError, match=r"other settings \(memory_on\)"):
+        ResultFolder(tmp_path, OmegaConf.merge(CFG, {"memory_on": "host"}))

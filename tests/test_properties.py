@@ -1,0 +1,67 @@
+"""From cases to a property: overrides drawn from the option space the project declares (every config group's
+options, every key of the composed config), with valid values, boundaries, wrong types, non-finite numbers, odd
+paths and empty strings. Each draw either starts its job (checked, never run: no weights load) or ends the
+command with exit 2 and one line naming one of the options it was given; never a traceback, never a write
+outside the run folder. A fixed seed and MEMDEFRAG_DRAWS draws (default 40); every failure it found is kept as
+an explicit row of tests/test_bad_input.py."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM
+
+from harness import cli
+from harness.results import flattened
+from tests.test_config import composed
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+GROUPS = {group: sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+          for group in ("method", "task", "forgetting", "compression", "model")}
+KEYS = sorted(k for k in flattened(OmegaConf.to_container(composed("logger=none"), resolve=False))
+              if not k.startswith(("hydra", "logger")))
+VALUES = ["0", "1", "-1", "2", "1000000000", "0.5", "-0.5", "nan", "inf", "-inf", "abc", "''", "true", "null",
+          "[1,2]", "[]", "/nonexistent/x", "../escaped"]
+OVERRIDES = st.one_of(
+    st.sampled_from([f"{group}={option}" for group, options in GROUPS.items() for option in options]),
+    st.builds(lambda key, value: f"{key}={value}", st.sampled_from(KEYS), st.sampled_from(VALUES)))
+DRAWS = int(os.environ.get("MEMDEFRAG_DRAWS", "40"))
+
+
+def named(line: str, overrides: list[str]) -> bool:
+    """Whether a refusal names an option it was given: its key, the group it lies in, or its value."""
+    for override in overrides:
+        key, value = override.split("=", 1)
+        if key in line or key.split(".")[0] in line or (len(value) > 2 and value.strip("'") in line):
+            return True
+    return False
+
+
+@seed(20261125)
+@settings(max_examples=DRAWS, deadline=None, derandomize=False,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.lists(OVERRIDES, min_size=1, max_size=3))
+def test_every_drawn_command_line_starts_or_is_refused_in_one_line_naming_its_option(overrides, tmp_path_factory,
+                                                                                    monkeypatch, capsys):
+    folder = tmp_path_factory.mktemp("draw")
+    started = []
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    monkeypatch.setattr(cli, "run", lambda *a, **k: started.append(a))
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(sys, "argv", ["memdefrag", *overrides, "logger=none", f"hydra.run.dir={folder / 'run'}"])
+    capsys.readouterr()
+    try:
+        cli.main()
+    except SystemExit as exit_:
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert exit_.code == 2 and len(lines) == 1 and lines[0].startswith("memdefrag: error: "), (overrides, lines)
+        assert named(lines[0], overrides), (overrides, lines[0])
+        assert not started
+    else:
+        assert len(started) == 1, overrides
+    outside = [p for p in folder.iterdir() if p.name != "run"]
+    assert outside == [], (overrides, outside)
