@@ -16,6 +16,11 @@ def build(node: DictConfig, what: str, **kwargs):
     fields = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
     fields.pop("label", None)
     try:
+        get_class(str(fields.get("_target_")))
+    except (ImportError, ValueError, AttributeError) as err:        # a _target_ that names no class
+        raise ConfigError(f"{what}._target_={fields.get('_target_')!r} names no class this harness can import "
+                          f"({str(err).splitlines()[0]})") from None
+    try:
         return instantiate(fields, **kwargs)
     except Exception as err:  # noqa: BLE001 - Hydra wraps the constructor's ValueError
         cause = err.__cause__ or err

@@ -33,6 +33,9 @@ CASES = [
     (["task.dataset=imdb"], "task.dataset: Invalid value 'imdb', expected one of [synthetic, nqa, squad]"),
     (["backend=slow"], "backend: Invalid value 'slow', expected one of [fast, hidden_prefix]"),
     (["memory_on=gpu"], "memory_on: Invalid value 'gpu', expected one of [model, host]"),
+    # found by tests/test_properties.py (each was a traceback)
+    (["compression._target_=0"], "compression._target_='0' names no class this harness can import"),
+    (["method._target_=abc"], "method._target_='abc' names no class this harness can import"),
     (["formation=joint"], "formation: Invalid value 'joint', expected one of [shared_sink, reference, own_bos]"),
     (["prompt=foo"], "prompt: Invalid value 'foo', expected one of [chat, plain]"),
     (["model.dtype=float64"], "model.dtype: Invalid value 'float64'"),

@@ -44,7 +44,7 @@ def named(line: str, overrides: list[str]) -> bool:
 @seed(20261125)
 @settings(max_examples=DRAWS, deadline=None, derandomize=False,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(st.lists(OVERRIDES, min_size=1, max_size=3))
+@given(overrides=st.lists(OVERRIDES, min_size=1, max_size=3))
 def test_every_drawn_command_line_starts_or_is_refused_in_one_line_naming_its_option(overrides, tmp_path_factory,
                                                                                     monkeypatch, capsys):
     folder = tmp_path_factory.mktemp("draw")
