@@ -29,7 +29,7 @@ from methods.attention import decoder
 from methods.attention.tracing import QueryMode
 from methods.errors import one_of
 from methods.session import PromptStyle
-from methods.sources import unavailable
+from methods.sources import unavailable, without_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 Dtype = StrEnum("Dtype", list(DTYPES))
@@ -174,7 +174,7 @@ def check_source(spec: ModelSpec):
         config, tokenizer = _config_and_tokenizer(source, gguf_file, spec.trust_remote_code)
     except (OSError, ValueError, KeyError) as err:
         raise _loading_error(spec, err) from None
-    why = None if gguf_file else _without_weights(source)
+    why = None if gguf_file else without_weights(source)
     if why:
         raise ConfigError(f"model.source={spec.source!r} cannot be loaded: it {why}")
     try:
@@ -182,17 +182,6 @@ def check_source(spec: ModelSpec):
     except decoder.DecoderError as err:
         raise ConfigError(f"model.source={spec.source!r}: {err}") from None
     return config, tokenizer
-
-
-WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.index.json")
-
-
-def _without_weights(source: str) -> str | None:
-    """Why a local checkpoint folder cannot load (None for one with weights, or a hub id)."""
-    folder = Path(source).expanduser()
-    if folder.is_dir() and not any(any(folder.glob(pattern)) for pattern in WEIGHTS):
-        return f"is a folder without weights ({', '.join(WEIGHTS)})"
-    return None
 
 
 @functools.lru_cache(maxsize=8)

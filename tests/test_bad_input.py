@@ -33,6 +33,8 @@ CASES = [
     (["task.dataset=imdb"], "task.dataset: Invalid value 'imdb', expected one of [synthetic, nqa, squad]"),
     (["backend=slow"], "backend: Invalid value 'slow', expected one of [fast, hidden_prefix]"),
     (["memory_on=gpu"], "memory_on: Invalid value 'gpu', expected one of [model, host]"),
+    (["compression=llmlingua2", "compression.model=/tmp"], "compression.model='/tmp' is a folder without config.json"),
+    (["compression=llmlingua", "compression.model=/tmp"], "compression.model='/tmp' is a folder without config.json"),
     # found by tests/test_properties.py (each was a traceback)
     (["compression._target_=0"], "compression._target_='0' names no class this harness can import"),
     (["method._target_=abc"], "method._target_='abc' names no class this harness can import"),

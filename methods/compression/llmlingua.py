@@ -16,7 +16,7 @@ from functools import cached_property
 
 from methods.compression.compressor import Compressor, kept_count
 from methods.compression.self_information import self_information
-from methods.sources import unavailable
+from methods.sources import unavailable, without_weights
 
 
 def segment_quotas(tokens: int, kept: int, segment_tokens: int) -> list[int]:
@@ -41,7 +41,7 @@ class LLMLingua(Compressor):
     def check(self) -> None:
         if self.model is None:
             return
-        why = unavailable(self.model)
+        why = unavailable(self.model) or without_weights(self.model)
         if why:
             raise ValueError(f"compression.model={self.model!r} {why} (a causal LM; null for the run's own model)")
 

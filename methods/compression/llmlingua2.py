@@ -20,7 +20,7 @@ from functools import cached_property
 import torch
 
 from methods.compression.compressor import Compressor, kept_count
-from methods.sources import unavailable
+from methods.sources import unavailable, without_weights
 
 PAPER_MODEL = "microsoft/llmlingua-2-xlm-roberta-large-meetingbank"
 
@@ -66,7 +66,7 @@ class LLMLingua2(Compressor):
         self.model, self.device = model or PAPER_MODEL, device
 
     def check(self) -> None:
-        why = unavailable(self.model)
+        why = unavailable(self.model) or without_weights(self.model)
         if why:
             raise ValueError(f"compression.model={self.model!r} {why} (a token classifier)")
 
