@@ -5,6 +5,7 @@ the folder it belongs to)."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from harness.errors import ConfigError
@@ -33,12 +34,19 @@ def writable_file(option: str, path: str | Path) -> None:
         raise ConfigError(f"{option} {path}: cannot be written ({folder} {why}); give a file in an existing folder")
 
 
+ROOM = 1 << 20        # bytes a command needs free before it writes anything (Hydra's own files come first)
+
+
 def writable_folder(option: str, path: str | Path) -> None:
-    """A folder the command can write into or create: what exists of it is a folder this user may write."""
+    """A folder the command can write into or create: what exists of it is a folder this user may write, on a
+    filesystem with room left (a full disk otherwise fails inside Hydra, over several lines)."""
     found = nearest_existing(Path(path))
     if not writable(found):
         what = "is not a folder" if not found.is_dir() else "is a folder this user may not write"
         raise ConfigError(f"{option} {path}: cannot be written ({found} {what})")
+    free = shutil.disk_usage(found).free
+    if free < ROOM:
+        raise ConfigError(f"{option} {path}: cannot be written ({found} has {free} bytes free): make room first")
 
 
 def inside(option: str, path: str | Path, root: str | Path) -> Path:

@@ -466,3 +466,14 @@ def test_a_checkpoint_that_ships_code_is_refused_unless_trusted(tmp_path, monkey
 def test_a_cuda_device_is_refused_where_there_is_none(tmp_path, monkeypatch, capsys, no_work):
     line = refused(["model.device=cuda", "logger=none", f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch, capsys)
     assert "model.device='cuda': this machine has no CUDA device" in line
+
+
+def test_a_full_disk_is_one_line_before_hydra_writes(tmp_path, monkeypatch, capsys, no_work):
+    import shutil as shutil_module
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil_module, "disk_usage", lambda path: usage(10, 10, 0))
+    line = refused(["logger=none", f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch, capsys)
+    assert f"output folder {tmp_path / 'run'}: cannot be written ({tmp_path} has 0 bytes free): make room" in line
+    assert no_work == [] and not (tmp_path / "run").exists()
