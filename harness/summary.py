@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from evals.stats import wilson
 from harness.errors import OneLineParser
-from harness.results import flattened, read_jsonl
+from harness.results import as_of_now, flattened, read_jsonl
 
 
 # settings a run's label already says, or that do not make it another run
@@ -46,7 +46,7 @@ def records_of(folders: list[Path]) -> pd.DataFrame:
 def run_labels(configs: list[dict]) -> list[str]:
     """`method[+forgetting][+compressor@rate]` (a method's label names its own knobs, e.g. `ape T=0.9 S=0.9`), then,
     only where runs would share that label, `name=value` for each setting that differs between those runs."""
-    flats = [flattened(c) for c in configs]
+    flats = [flattened(as_of_now(c)) for c in configs]      # settings added since: their value then
     labels = []
     for config in configs:
         forgetting = config.get("forgetting", {}).get("label", "unbounded")
