@@ -71,23 +71,30 @@ class Evidence:
         return "higher" if self.accuracy > self.against else "lower"
 
 
+def paired(frame: pd.DataFrame, other: pd.DataFrame, step: int, question: list[str]) -> Evidence:
+    """Two rows' records (`step`, `correct` and the columns that name a question at a step, `question`) compared
+    at `step` on the questions both answered."""
+    pair = frame[frame["step"] == step][[*question, "correct"]].merge(
+        other[other["step"] == step][[*question, "correct"]], on=question, suffixes=("", "_against"))
+    mine, theirs = pair["correct"].astype(bool), pair["correct_against"].astype(bool)
+    return Evidence(100 * mine.mean(), 100 * theirs.mean(), mcnemar(int((~mine & theirs).sum()),
+                                                                    int((mine & ~theirs).sum())), len(pair))
+
+
 def evidence(claim: Claim, records: dict[tuple, pd.DataFrame], question: list[str]) -> Evidence:
-    """The paired accuracies of the claim's two rows from their records (`step`, `correct` and the columns that
-    name a question at a step, `question`)."""
+    """The paired accuracies of the claim's two rows from their records (see `paired`)."""
     frames = []
     for row in (claim.row, claim.against):
         frame = records.get(claim.key(row))
         if frame is None:
             raise ConfigError(f"claim {claim.subject!r}: no run makes row {row!r} of tab:{claim.table} for "
                               f"{claim.model} on {claim.dataset}")
-        frames.append(frame[frame["step"] == claim.step][[*question, "correct"]])
-    pair = frames[0].merge(frames[1], on=question, suffixes=("", "_against"))
-    if pair.empty:
+        frames.append(frame)
+    found = paired(*frames, claim.step, question)
+    if found.n == 0:
         raise ConfigError(f"claim {claim.subject!r}: rows {claim.row!r} and {claim.against!r} share no question "
                           f"at step {claim.step}")
-    mine, theirs = pair["correct"].astype(bool), pair["correct_against"].astype(bool)
-    return Evidence(100 * mine.mean(), 100 * theirs.mean(), mcnemar(int((~mine & theirs).sum()),
-                                                                    int((mine & ~theirs).sum())), len(pair))
+    return found
 
 
 def sentence(claim: Claim, found: Evidence) -> str:

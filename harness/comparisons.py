@@ -8,13 +8,14 @@ synthetic set, or of the groups from a real one): its interval covers groups and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
 from omegaconf import OmegaConf
 
-from evals.stats import mcnemar, wilson, with_interval
-from harness.claims import read_claims, rendered
+from evals.stats import wilson, with_interval
+from harness.claims import paired, read_claims, rendered
 from harness.figures import accuracy_against_time
 from harness.results import read_jsonl
 from harness.sections import Run, Section
@@ -22,7 +23,7 @@ from harness.summary import run_labels
 
 ANSWER_PHASES = ("trace", "rank", "select", "prefill", "decode")     # a question's seconds, in the order spent
 UPDATE_PHASES = ("compression", "formation", "forgetting", "index")  # the seconds of the update before it
-QUESTION = ["seed", "group", "step"]                                  # what pairs two rows' answers
+QUESTION = ["seed", "group"]                                  # what pairs two rows' answers at a step
 RANKER_REFERENCE, PEER_REFERENCE = "density top1 latent", "memdefrag_top1"    # what the others are paired with
 INTERVALS = ("Accuracy: % of the questions at that step, with its 95 % Wilson interval in brackets (n = groups x "
              "seeds: one question per group and step).")
@@ -39,9 +40,9 @@ class Row:
     name: str
     runs: list[Run]
 
-    @property
+    @cached_property
     def records(self) -> pd.DataFrame:
-        """The finished groups' records of every run, each tagged with its run's seed."""
+        """The finished groups' records of every run, each tagged with its run's seed (read once)."""
         return pd.concat([finished_records(r).assign(seed=r.config["task"].get("seed")) for r in self.runs],
                          ignore_index=True)
 
@@ -86,12 +87,6 @@ def accuracy_by_step(frame: pd.DataFrame) -> dict:
     return out
 
 
-def paired(frame: pd.DataFrame, other: pd.DataFrame, step: int) -> tuple[pd.Series, pd.Series]:
-    """Both rows' correctness at `step` on the questions both answered."""
-    pair = frame[frame["step"] == step].merge(other[other["step"] == step], on=QUESTION, suffixes=("", "_other"))
-    return pair["correct"].astype(bool), pair["correct_other"].astype(bool)
-
-
 def versus(rows: list[Row], reference: str) -> list[str]:
     """Per row, against the `reference` row of the same model and dataset on the same questions at the last
     step: the accuracy difference in points and McNemar's exact p on the questions one of them alone got right
@@ -102,10 +97,8 @@ def versus(rows: list[Row], reference: str) -> list[str]:
         if row.name == reference or (row.model, row.dataset) not in last:
             out.append("reference" if row.name == reference else "")
             continue
-        frame = row.records
-        mine, theirs = paired(frame, last[row.model, row.dataset], frame["step"].max())
-        p = mcnemar(int((~mine & theirs).sum()), int((mine & ~theirs).sum()))
-        out.append(f"{100 * (mine.mean() - theirs.mean()):+.1f} (p {p:.2g}, n {len(mine)})")
+        found = paired(row.records, last[row.model, row.dataset], row.records["step"].max(), QUESTION)
+        out.append(f"{found.accuracy - found.against:+.1f} (p {found.p:.2g}, n {found.n})")
     return out
 
 
@@ -229,7 +222,7 @@ def supported(root: Path, label: str, rows: list[Row]) -> str:
     'What the table supports' ('' where none is made)."""
     claims = read_claims(root / "claims.yaml")
     keyed = {(label, row.model, row.dataset, row.name): row.records for row in rows}
-    sentences = rendered(claims, keyed, label, QUESTION[:-1])
+    sentences = rendered(claims, keyed, label, QUESTION)
     if not sentences:
         return ""
     return ("\n\nWhat the table supports (`claims.yaml`; a difference only where McNemar's exact p < 0.05 on the "
