@@ -4,8 +4,8 @@ verdicts) that verifies itself.
 Every entry is written whole or not at all (into a temporary name in the same folder, then renamed;
 temporaries removed on failure, and those of a killed writer removed by the next one), under a lock per
 entry, so that concurrent first uses build it once. A built entry records what it holds (each file's
-size and xxh3-128 digest), and every use hashes it again: bit rot changes neither a file's size nor its
-modification time, so only its content can tell. xxh3 reads at memory speed, so the check costs about one
+size and xxh3-128 digest), and every process that uses it hashes it again (once): bit rot changes neither a
+file's size nor its modification time, so only its content can tell. xxh3 reads at memory speed, so the check costs about one
 more read of the files (measured in the README); a damaged entry is built again. `memdefrag cache verify`
 checks every entry at once and removes the damaged ones.
 """
@@ -98,19 +98,28 @@ def _manifest_of(entry: Path) -> Path:
     return entry / MANIFEST if entry.is_dir() else entry.with_name(f".{entry.name}.{MANIFEST}")
 
 
+_VERIFIED: dict[Path, tuple] = {}   # entry -> its files' (name, size, mtime) when this process last hashed it
+
+
 def intact(entry: Path) -> bool:
-    """Whether `entry` holds exactly what it was built with: every file's size and content."""
+    """Whether `entry` holds exactly what it was built with: every file's size and content. Hashed once per
+    process while no file's size or modification time moves (a run looks at its model several times before
+    loading it; each process hashes it anew)."""
     recorded = read_json(_manifest_of(entry))
     if not entry.exists() or not recorded:
         return False
     root = entry if entry.is_dir() else entry.parent
+    try:
+        stats = {name: (root / name).stat() for name in recorded}
+    except OSError:
+        return False
+    seen = tuple((name, stat.st_size, stat.st_mtime_ns) for name, stat in sorted(stats.items()))
+    if _VERIFIED.get(entry) == seen:
+        return True
     for name, want in recorded.items():
-        path = root / name
-        try:
-            if path.stat().st_size != want.get("size") or xxh3(path) != want.get("xxh3"):
-                return False
-        except OSError:
+        if stats[name].st_size != want.get("size") or xxh3(root / name) != want.get("xxh3"):
             return False
+    _VERIFIED[entry] = seen
     return True
 
 
@@ -128,6 +137,7 @@ def verify() -> list[tuple[Path, bool]]:
     """(entry, intact) for every entry; a damaged one is removed, so that its next use builds it again."""
     found = []
     for entry in entries():
+        _VERIFIED.pop(entry, None)                # hashed now, whatever this process saw before
         ok = intact(entry)
         if not ok:
             with locked(entry):

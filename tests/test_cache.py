@@ -86,6 +86,19 @@ def test_bit_rot_that_keeps_size_and_time_is_found_and_rebuilt(own_cache, tmp_pa
     assert log.read_text().count("built") == 2 and weights.read_bytes() == b"x" * 1000
 
 
+def test_an_entry_is_hashed_once_per_process_while_its_files_stay_put(own_cache, tmp_path, monkeypatch):
+    """A run looks at its model several times before it loads it: one hash; a file whose time moves, again."""
+    entry = cache.usable("models") / "m"
+    cache.build(entry, maker(tmp_path / "log"))
+    hashed = []
+    real = cache.xxh3
+    monkeypatch.setattr(cache, "xxh3", lambda path: hashed.append(path.name) or real(path))
+    assert cache.intact(entry) and cache.intact(entry) and cache.intact(entry)
+    assert sorted(hashed) == ["config.json", "weights.bin"]
+    os.utime(entry / "weights.bin", ns=(1, 1))
+    assert cache.intact(entry) and len(hashed) == 4
+
+
 def test_verify_checks_every_entry_and_removes_the_damaged(own_cache, tmp_path, capsys):
     from harness.cli import main
 
