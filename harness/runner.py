@@ -120,7 +120,7 @@ def ready(spec, backend_name: str):
     checked on it (a layer list it cannot find, a rotary function it cannot read, a row it cannot record) ends
     the run with one line naming model.source, its type, the step and the cause; MEMDEFRAG_DEBUG=1 shows the
     traceback instead."""
-    step = "loading it"
+    model, step = None, "loading it"
     try:
         model, tokenizer = load(spec)
         step = f"checking backend={backend_name} on it"
@@ -131,10 +131,10 @@ def ready(spec, backend_name: str):
     except Exception as err:  # noqa: BLE001 - any model's failure here is the user's model, said in one line
         if os.environ.get("MEMDEFRAG_DEBUG"):
             raise
-        kind = getattr(getattr(locals().get("model"), "config", None), "model_type", None) or "unknown"
+        kind = getattr(getattr(model, "config", None), "model_type", None) or "unknown"
         raise ConfigError(f"model.source={spec.source!r} (model type {kind!r}) failed while {step}: "
                           f"{type(err).__name__}: {one_line_cause(err)}; this harness cannot run it"
-                          + (f" with backend={backend_name}" if step != "loading it" else "")) from None
+                          + ("" if model is None else f" with backend={backend_name}")) from None
 
 
 def compression_summary(compressor, logs: list[dict]) -> dict:

@@ -10,6 +10,7 @@ Which state a layer keeps is read from transformers' own per-layer cache types.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from contextlib import contextmanager
 
@@ -28,8 +29,13 @@ class DecoderError(ValueError):
 def cache_keyword(module) -> str:
     """The keyword a model's (or decoder's) forward takes its key/value cache by: `cache` in transformers that
     renamed it, `past_key_values` before (5.0 up to the rename; the old name warns from 5.24, goes in 5.40)."""
-    parameters = inspect.signature(type(module).forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
+    return _cache_keyword_of(type(module))
+
+
+@functools.cache
+def _cache_keyword_of(model_class) -> str:
+    """Read once per class: every prefill and decoding step asks."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def num_layers(config) -> int:
