@@ -31,7 +31,7 @@ from omegaconf import MISSING, SI, OmegaConf
 from harness.models import ModelSpec
 from harness.runner import Backend
 from methods.formation import Formation, Residence
-from methods.session import PromptStyle
+from methods.prompting import PromptStyle
 
 CONF = Path(__file__).parent
 LABELLED = ("method", "forgetting", "compression")      # groups whose runs are named by their `label`

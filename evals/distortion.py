@@ -16,7 +16,6 @@ from scipy import stats
 from evals.datasets import Dataset
 from evals.retention import Retention
 from methods.attention.decoder import num_layers
-from methods.session import format_prompt
 from methods.attention.tracing import QueryMode, densities
 
 
@@ -31,7 +30,7 @@ class Distortion(Retention):
     def observe(self, session, target_id, group) -> dict:
         """The target's density at every layer, per query mode."""
         layers = list(range(num_layers(session.model.config)))
-        prompt_ids = format_prompt(session.tokenizer, group.target.question, session.prompt)
+        prompt_ids = session.prompt_ids(group.target.question)
         rows = session.trace(session.memory, prompt_ids, layers)
         index = session.memory.ids().index(target_id)
         return {"density": {mode: [float(densities(rows[l], session.memory.spans(), mode)[index]) for l in layers]

@@ -33,7 +33,7 @@ from evals.metrics import METRICS, AnswerMetrics, BertScore
 from evals.retention import rank_of
 from evals.stats import bootstrap_mean, paired_difference, with_interval
 from methods.errors import ConfigError, one_of
-from methods.session import format_prompt
+from methods.prompting import format_prompt
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ from evals.datasets import Dataset
 from evals.retention import Group, Retention
 from methods.errors import ConfigError
 from methods.attention.decoder import num_layers
-from methods.session import format_prompt
 from methods.attention.tracing import QueryMode, densities, ranks
 
 TOP = (1, 2, 3, 4, 5)
@@ -76,7 +75,7 @@ class Probe:
         target = session.store(first)
         for text in distractors:
             session.store(text, reuse=True)
-        prompt_ids = format_prompt(session.tokenizer, group.target.question, session.prompt)
+        prompt_ids = session.prompt_ids(group.target.question)
         layers = self.layers_of(num_layers(session.model.config))
         others = [i for i, fid in enumerate(session.memory.ids()) if fid != target]
         positions = self.positions

@@ -28,7 +28,7 @@ from harness.errors import ConfigError
 from methods.attention import decoder
 from methods.attention.tracing import QueryMode
 from methods.errors import one_of
-from methods.session import PromptStyle
+from methods.prompting import PromptStyle
 from methods.sources import unavailable, without_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

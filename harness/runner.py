@@ -25,7 +25,8 @@ from methods.attention.decoder import num_layers
 from methods.forgetting import CapacityError
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
-from methods.session import Session, format_prompt
+from methods.prompting import format_prompt
+from methods.session import Session
 
 log = logging.getLogger(__name__)
 BACKENDS = {"fast": KVPrefixBackend, "hidden_prefix": HiddenPrefixBackend}

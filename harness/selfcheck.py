@@ -38,7 +38,7 @@ from methods.backends.kv_prefix import KVPrefixBackend
 from methods.generation import greedy, stop_ids
 from methods.memory import LatentMemory
 from methods.attention.positions import RotaryError
-from methods.session import format_prompt
+from methods.prompting import format_prompt
 from methods.attention.tracing import QueryMode, densities
 
 FRAGMENTS = ("The lighthouse keeper of Port Alder is Mirela Voss, who paints gulls at dawn.",
@@ -107,7 +107,7 @@ def outcomes(model, tokenizer, backend_classes, texts, order, question, prompt, 
         answer = greedy(model, logits, cache, position, answer_tokens, stop)
         rows = backend.attention_rows(view, prompt_ids, layers)
         dens = torch.stack([densities(rows[layer], view.spans(), mode) for layer in layers for mode in QueryMode])
-        found.append(Outcome(logits.float().cpu(), dens.float().cpu(), answer, 1 + view.n_tokens))
+        found.append(Outcome(logits.float().cpu(), dens.float().cpu(), answer, view.sink_length + view.n_tokens))
     return found
 
 

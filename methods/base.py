@@ -26,10 +26,10 @@ class Reading:
     """How a backend reads a latent memory: by default its stored keys and values, the fragments at contiguous
     positions, the model's own attention.
 
-    recompute: memory positions [m] (ascending; the sink is 0) recomputed at every layer with causal attention
+    recompute: memory positions [m] (ascending; after the sink's) recomputed at every layer with causal attention
     over everything before them (EPIC's first tokens of each fragment, CacheBlend's chosen tokens);
     recompute_through: every memory position is also recomputed through this layer (CacheBlend's check
-    layer; -1: none); parallel: every fragment at positions 1.. behind the sink and the prompt after the
+    layer; -1: none); parallel: every fragment at the positions after the sink and the prompt after the
     longest, read with APE's merged attention (temperature, scale)."""
 
     recompute: torch.Tensor | None = None
@@ -48,7 +48,8 @@ class Reading:
         model's own otherwise, also with no latent memory)."""
         if not self.parallel:
             return nullcontext()
-        return parallel_attention(model, (1, 1 + memory.n_tokens), self.temperature, self.scale)
+        first = memory.sink_length
+        return parallel_attention(model, (first, first + memory.n_tokens), self.temperature, self.scale)
 
     def recomputed(self, n_tokens: int, num_layers: int) -> float:
         """Memory positions recomputed, averaged over the layers (a full prefill: n_tokens)."""

@@ -11,6 +11,10 @@ an attention sink that inflates its density:
 - ``own_bos`` (EPIC's setting: every chunk begins with its own BOS): every fragment
   is prefilled behind the same sink token as under ``shared_sink`` and keeps it;
   the memory's sink is a copy of the first fragment's.
+- ``shared_prefix`` (APE's setting: every context behind the prompt's header): as
+  ``shared_sink``, the sink token followed by the prompt's header (the chat template's
+  text before the question), whose states become the memory's sink; a prompt read
+  after this memory starts after its header.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from methods.attention.decoder import cache_keyword, hooked, layers
 from methods.attention.positions import Rotary, watching_rotary
 from methods.errors import one_of
 
-Formation = StrEnum("Formation", ["shared_sink", "reference", "own_bos"])   # see the module docstring
+Formation = StrEnum("Formation", ["shared_sink", "reference", "own_bos", "shared_prefix"])   # see the module docstring
 # where a fragment's tensors live: on the model's device (no copy at formation, forgetting or placement), or in
 # host memory (pinned on a GPU, so placement copies overlap compute) for a memory larger than the device
 Residence = StrEnum("Residence", ["model", "host"])
@@ -71,7 +75,8 @@ class Former:
 
     def __init__(self, model, tokenizer, formation: Formation = "shared_sink", keep_kv: bool = True,
                  keep_states: bool = False, reuse: dict | None = None, keep_self_info: bool = False,
-                 memory_on: Residence = "model"):
+                 memory_on: Residence = "model", header: list[int] = ()):
+        """header: the prompt header's ids (see `shared_prefix`; other formations form behind the sink alone)."""
         one_of("formation", formation, Formation)
         one_of("memory_on", memory_on, Residence)
         self.memory_on = memory_on
@@ -79,6 +84,7 @@ class Former:
         self.keep_kv, self.keep_states, self.keep_self_info = keep_kv, keep_states, keep_self_info
         self._next_id = 0
         self._reuse = {} if reuse is None else reuse
+        self.header = list(header) if formation == "shared_prefix" else []
 
     def __repr__(self) -> str:
         return (f"Former({self.formation}, kv={self.keep_kv}, states={self.keep_states}, "
@@ -93,8 +99,14 @@ class Former:
         else:                                   # the tokenizer's leading special tokens, then the kept ids
             ids = [*self.tokenizer("", add_special_tokens=special)["input_ids"], *kept]
         if self.formation != "reference":
-            ids = [sink_token_id(self.tokenizer), *ids]
+            ids = [*self.sink_ids(), *ids]
         return torch.tensor(ids, dtype=torch.long)
+
+    def sink_ids(self) -> list[int]:
+        """What every fragment is formed behind (not under ``reference``): the sink token, then the header (whose
+        own first token serves as the sink where it is that token)."""
+        sink = sink_token_id(self.tokenizer)
+        return self.header if self.header[:1] == [sink] else [sink, *self.header]
 
     def store(self, memory: LatentMemory, text: str, reuse: bool = False) -> Fragment:
         """Form `text` and append it to `memory` (unbounded; see methods.forgetting for a capacity)."""
@@ -112,10 +124,11 @@ class Former:
         """
         first = memory.sink is None
         whole = self.form(self.token_ids(text, first, kept), text, reuse)
+        sink = torch.arange(len(self.sink_ids()) if self.formation != "reference" else 1)
         if first:
-            memory.sink = whole.take(torch.tensor([0]))
-        if self.formation == "shared_sink" or (first and self.formation == "reference"):    # its sink position
-            whole = whole.take(torch.arange(1, len(whole)))                                 # is not kept
+            memory.sink = whole.take(sink)
+        if self.formation in ("shared_sink", "shared_prefix") or (first and self.formation == "reference"):
+            whole = whole.take(torch.arange(len(sink), len(whole)))                # its sink positions are not kept
         if len(whole) == 0:
             raise ValueError(f"fragment {text[:40]!r} is empty after tokenization")
         return whole

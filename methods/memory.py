@@ -1,8 +1,8 @@
 """The latent memory store: an ordered list of fragments behind one sink.
 
 Per-fragment storage is separate from the container; container operations are
-loops over fragments. Position p = 0 of a memory is the sink (the paper's bos),
-fragments follow in the current order at positions 1..N.
+loops over fragments. The memory's first positions are its sink (the paper's bos: one token; or a shared
+prefix, see methods.formation), fragments follow in the current order.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def parts(t: torch.Tensor | Layered) -> tuple[torch.Tensor, ...]:
 
 @dataclass
 class LatentMemory:
-    """Fragments in their current order behind one sink (a 1-token fragment)."""
+    """Fragments in their current order behind one sink (a fragment of one token, or of a shared prefix)."""
 
     sink: Fragment | None = None
     fragments: list[Fragment] = field(default_factory=list)
@@ -112,6 +112,11 @@ class LatentMemory:
         """Stored memory positions N (the sink excluded)."""
         return sum(len(f) for f in self.fragments)
 
+    @property
+    def sink_length(self) -> int:
+        """Positions the sink holds, before the first fragment's (1 until the first fragment gives it)."""
+        return 1 if self.sink is None else len(self.sink)
+
     def append(self, fragment: Fragment) -> None:
         self.fragments.append(fragment)
 
@@ -123,8 +128,8 @@ class LatentMemory:
         return sum(len(f) for f in self.fragments if f.fid == fid)
 
     def spans(self, layer: int = 0) -> list[tuple[int, int]]:
-        """[start, end) memory positions of each fragment, the same at every layer; the sink holds 0."""
-        out, start = [], 1
+        """[start, end) memory positions of each fragment, the same at every layer; the sink holds the first."""
+        out, start = [], self.sink_length
         for f in self.fragments:
             out.append((start, start + len(f)))
             start += len(f)

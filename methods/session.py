@@ -6,7 +6,6 @@ This is the shared machinery every method uses; methods only choose the Plan.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 import torch
 
@@ -17,26 +16,8 @@ from methods.forgetting import Forgetting, NoForgetting
 from methods.formation import Former
 from methods.generation import clock, greedy, stop_ids
 from methods.memory import LatentMemory
+from methods.prompting import format_prompt, prompt_header, prompt_template, token_ids
 from methods.backends.text_prefix import TextPrefix
-
-PromptStyle = StrEnum("PromptStyle", ["chat", "plain"])   # what a run asks for; a task may also word its own (raw)
-
-
-def format_prompt(tokenizer, question: str, style: str) -> torch.Tensor:
-    """Prompt ids: the authors' plain `question + " Answer: "`, the tokenizer's chat template, or
-    'raw': the text as given (a task that words its own prompt)."""
-    if style == "plain":
-        text = question + " Answer: "
-    elif style == "raw":
-        text = question
-    elif style == "chat":
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("prompt='chat' needs a tokenizer with a chat template; use prompt='plain'")
-        text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                             add_generation_prompt=True)
-    else:
-        raise ValueError(f"prompt={style!r} is not one of {[*map(str, PromptStyle), 'raw']}")
-    return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
 
 
 @dataclass
@@ -67,9 +48,11 @@ class Session:
         else:
             self.forgetting = forgetting or NoForgetting()
             latent = method.needs_latent
+            header = prompt_header(tokenizer, prompt) if formation == "shared_prefix" else []
             self.former = Former(model, tokenizer, formation, keep_kv=latent and backend.keep_kv,
                                  keep_states=latent and backend.keep_states, reuse=reuse,
-                                 keep_self_info=self.forgetting.needs_self_info, memory_on=memory_on)
+                                 keep_self_info=self.forgetting.needs_self_info, memory_on=memory_on,
+                                 header=header)
             self.memory = LatentMemory()
         self.update_seconds: dict[str, float] = {}     # the last store's formation and forgetting
         self.text = TextPrefix(model)                   # plain-token memory (text, none)
@@ -103,12 +86,22 @@ class Session:
     def shuffle(self, generator: torch.Generator) -> None:
         self.memory.reorder(torch.randperm(len(self.memory), generator=generator).tolist())
 
+    def prompt_ids(self, question: str, style: str | None = None) -> torch.Tensor:
+        """The ids read after the memory: the whole prompt, or what follows its header where the memory's sink
+        holds that header (formation=shared_prefix)."""
+        style = style or self.prompt
+        before, after = prompt_template(self.tokenizer, style)
+        header = getattr(self.former, "header", [])
+        if header and self.memory.sink is not None and token_ids(self.tokenizer, before).tolist() == header:
+            return token_ids(self.tokenizer, question + after)
+        return format_prompt(self.tokenizer, question, style)
+
     @torch.no_grad()
     def ask(self, question: str, prompt: str | None = None, max_new_tokens: int | None = None,
             targets: tuple[int, ...] = ()) -> Answer:
         """prompt, max_new_tokens: this question's own (a task's), instead of the session's; targets: the ids
         of the stored fragments that hold its answer, where the task knows them (an oracle reads them)."""
-        prompt_ids = format_prompt(self.tokenizer, question, prompt or self.prompt)
+        prompt_ids = self.prompt_ids(question, prompt)
         max_new_tokens = max_new_tokens or self.max_new_tokens
         device = self.model.device
         t0 = clock(device)
@@ -119,9 +112,11 @@ class Session:
             if latent is not None:
                 logits, cache, position = self.backend.prefill(latent, prompt_ids, room=max_new_tokens,
                                                                logits_to_keep=1, reading=plan.reading)
-                memory_tokens = 1 + latent.n_tokens
+                memory_tokens = latent.sink_length + latent.n_tokens
             else:
                 text_ids = torch.empty(0, dtype=torch.long) if plan.text_ids is None else plan.text_ids
+                if plan.text_ids is None:           # no memory read: the prompt whole, its header included
+                    prompt_ids = format_prompt(self.tokenizer, question, prompt or self.prompt)
                 logits, cache, position = self.text.prefill(text_ids, prompt_ids)
                 memory_tokens = len(text_ids)
             t2 = clock(device)

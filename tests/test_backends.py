@@ -8,6 +8,7 @@ from methods.formation import Former
 from methods.generation import greedy
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend, rows_after, run_after
+from methods.base import Reading
 from methods.memory import LatentMemory
 from methods.attention.tracing import densities, prompt_attention
 from tests.conftest import FRAGMENTS
@@ -15,8 +16,11 @@ from tests.conftest import FRAGMENTS
 VIEWS = {"vanilla": None, "reordered_top2": [4, 0], "reordered_all": [2, 1, 0, 4, 3]}
 
 
+HEADER = [7, 8, 9, 10]         # a prompt header's ids: what formation=shared_prefix forms every fragment behind
+
+
 def formed(model, tokenizer, formation, texts=FRAGMENTS):
-    former = Former(model, tokenizer, formation, keep_kv=True, keep_states=True)
+    former = Former(model, tokenizer, formation, keep_kv=True, keep_states=True, header=HEADER)
     memory = LatentMemory()
     for text in texts:
         former.store(memory, text)
@@ -26,6 +30,15 @@ def formed(model, tokenizer, formation, texts=FRAGMENTS):
 @pytest.mark.parametrize("formation", ["reference", "shared_sink", "own_bos"])
 @pytest.mark.parametrize("view", sorted(VIEWS))
 def test_fast_equals_hidden_prefix(family_model, tokenizer, formation, view):
+    fast_equals_hidden_prefix(family_model, tokenizer, formation, view)
+
+
+def test_fast_equals_hidden_prefix_behind_a_shared_prefix(family_model, tokenizer):
+    """A sink of several positions (formation=shared_prefix) moves every fragment after it."""
+    fast_equals_hidden_prefix(family_model, tokenizer, "shared_prefix", "reordered_top2")
+
+
+def fast_equals_hidden_prefix(family_model, tokenizer, formation, view):
     memory = formed(family_model, tokenizer, formation)
     if VIEWS[view] is not None:
         memory = memory.arranged(VIEWS[view])
@@ -33,7 +46,7 @@ def test_fast_equals_hidden_prefix(family_model, tokenizer, formation, view):
     fast, ref = KVPrefixBackend(family_model), HiddenPrefixBackend(family_model)
     fast_logits, fast_cache, fast_pos = fast.prefill(memory, prompt)
     ref_logits, ref_cache, ref_pos = ref.prefill(memory, prompt)
-    assert fast_pos == ref_pos == 1 + memory.n_tokens + len(prompt)
+    assert fast_pos == ref_pos == memory.sink_length + memory.n_tokens + len(prompt)
     torch.testing.assert_close(fast_logits, ref_logits, atol=1e-4, rtol=0)
     stop = {tokenizer.eos_token_id}
     assert greedy(family_model, fast_logits, fast_cache, fast_pos, 8, stop) == \
@@ -56,6 +69,22 @@ def test_own_bos_is_the_shared_sink_formation_with_each_fragments_sink_kept(llam
         assert len(b) == len(a) + 1 and int(b.token_ids[0]) == int(own.sink.token_ids[0])
         torch.testing.assert_close(b.keys[:, :, 1:], a.keys, atol=0, rtol=0)
         torch.testing.assert_close(b.keys[:, :, :1], own.sink.keys, atol=0, rtol=0)
+
+
+def test_one_fragment_behind_a_shared_prefix_is_the_prefill_of_prefix_fragment_and_prompt(llama, tokenizer):
+    """formation=shared_prefix: the memory's sink is the sink token and the header; a fragment formed behind them
+    and read by the fast backend, in order or in parallel (APE with T = S = 1), is the plain prefill of the
+    same ids in one sequence."""
+    memory = formed(llama, tokenizer, "shared_prefix", texts=FRAGMENTS[:1])
+    assert memory.sink.token_ids.tolist() == [tokenizer.bos_token_id, *HEADER] and memory.sink_length == 5
+    assert memory.spans() == [(5, 5 + len(memory.fragments[0]))]
+    prompt = torch.tensor(tokenizer("where is the cat?", add_special_tokens=False)["input_ids"])
+    whole = torch.cat([memory.text_ids(), prompt]).view(1, -1)
+    expected = llama(input_ids=whole).logits[0, -len(prompt):]
+    for reading in (Reading(), Reading(parallel=True)):
+        with reading.attention(llama, memory):
+            logits = KVPrefixBackend(llama).prefill(memory, prompt, reading=reading)[0]
+        torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
 
 
 def test_an_answer_computes_only_the_logits_it_reads(llama, tokenizer):

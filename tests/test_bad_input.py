@@ -38,7 +38,7 @@ CASES = [
     # found by tests/test_properties.py (each was a traceback)
     (["compression._target_=0"], "compression._target_='0' names no class this harness can import"),
     (["method._target_=abc"], "method._target_='abc' names no class this harness can import"),
-    (["formation=joint"], "formation: Invalid value 'joint', expected one of [shared_sink, reference, own_bos]"),
+    (["formation=joint"], "formation: Invalid value 'joint', expected one of [shared_sink, reference, own_bos, shared_prefix]"),
     (["prompt=foo"], "prompt: Invalid value 'foo', expected one of [chat, plain]"),
     (["model.dtype=float64"], "model.dtype: Invalid value 'float64'"),
     (["model.dtype=int8"], "model.dtype: Invalid value 'int8'"),

@@ -14,7 +14,9 @@ from methods.formation import Former
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.memory import LatentMemory
-from methods.session import format_prompt
+from methods.baselines import NoMemory, Vanilla
+from methods.prompting import format_prompt
+from methods.session import Session
 from methods.attention.tracing import densities
 
 pytestmark = pytest.mark.slow
@@ -37,6 +39,25 @@ def test_fast_equals_hidden_prefix_on_smollm2(smollm2, formation):
         for layer in layers:
             torch.testing.assert_close(densities(fast_rows[layer], view.spans(), "mean"),
                                        densities(ref_rows[layer], view.spans(), "mean"), atol=1e-5, rtol=0)
+
+
+def test_a_shared_prefix_is_the_chat_header_and_the_prompt_read_after_it_the_rest(smollm2):
+    """APE's setting (formation=shared_prefix): the memory's sink is the chat template's header, the prompt read
+    after the memory the question and the generation prompt; together they are the prompt whole. Before any
+    fragment, and for a method that reads no memory, the prompt is read whole."""
+    model, tokenizer = smollm2
+    question = "Where did Alice go?"
+    session = Session(model, tokenizer, KVPrefixBackend(model), Vanilla(), "shared_prefix", "chat", max_new_tokens=4)
+    whole = format_prompt(tokenizer, question, "chat")
+    assert torch.equal(session.prompt_ids(question), whole)
+    session.store("Alice went to Paris in May.")
+    header = session.memory.sink.token_ids
+    assert tokenizer.decode(header).startswith("<|im_start|>system") and tokenizer.decode(header).endswith("user\n")
+    assert torch.equal(torch.cat([header, session.prompt_ids(question)]), whole)
+    assert session.ask(question).memory_tokens == len(header) + session.memory.n_tokens
+    unread = Session(model, tokenizer, KVPrefixBackend(model), NoMemory(), "shared_prefix", "chat", max_new_tokens=4)
+    unread.store("Alice went to Paris in May.")
+    assert unread.ask(question).prompt_tokens == len(whole)
 
 
 def memdefrag(*args, cwd):

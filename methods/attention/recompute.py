@@ -77,12 +77,12 @@ def recompute(model, cache, token_ids: torch.Tensor, positions: torch.Tensor) ->
 
 
 @torch.no_grad()
-def recompute_through(model, cache, token_ids: torch.Tensor, last_layer: int) -> None:
-    """Recompute every memory position after the sink through layers 0..`last_layer` of `cache` (a prefill of
-    the memory's tokens as one sequence, stopped there); later layers keep the placed memory."""
+def recompute_through(model, cache, token_ids: torch.Tensor, last_layer: int, sink_length: int = 1) -> None:
+    """Recompute every memory position after the sink's `sink_length` through layers 0..`last_layer` of `cache`
+    (a prefill of the memory's tokens as one sequence, stopped there); later layers keep the placed memory."""
     held = cache.layers[0].filled
     for layer in cache.layers:
-        layer.fill_to(1)
+        layer.fill_to(sink_length)
 
     def stop(index):
         def hook(module, args, output):
@@ -90,9 +90,9 @@ def recompute_through(model, cache, token_ids: torch.Tensor, last_layer: int) ->
         return hook
 
     with hooked(layers(model), stop, before=False, only=[last_layer]):
-        until_stopped(model.get_decoder(), input_ids=token_ids[1:held].view(1, -1).to(model.device),
+        until_stopped(model.get_decoder(), input_ids=token_ids[sink_length:held].view(1, -1).to(model.device),
                       **{cache_keyword(model.get_decoder()): cache},
-                      position_ids=torch.arange(1, held, device=model.device).view(1, -1),
+                      position_ids=torch.arange(sink_length, held, device=model.device).view(1, -1),
                       use_cache=True)
     for layer in cache.layers:
         layer.fill_to(held)

@@ -97,7 +97,7 @@ class Placed:
     def cache(self, memory: LatentMemory, room: int, held: int = 0, parallel: bool = False) -> Cache:
         """A cache of the memory with `room` positions after it; its first `held` of them are kept from
         the last forward on these buffers when the memory is the one placed then (0 otherwise: see
-        `unchanged`). parallel: every fragment at positions 1.. behind the sink (APE), not one after another."""
+        `unchanged`). parallel: every fragment at the positions after the sink (APE), not one after another."""
         frags = [memory.sink, *memory.fragments]
         total = sum(len(f) for f in frags)
         kept = 0
@@ -112,7 +112,7 @@ class Placed:
         tables = self.rotary.tables(total, self.keys[0]) if kept < len(frags) else None
         for f in frags[kept:]:
             end = start + len(f)
-            position = min(start, 1) if parallel else start
+            position = min(start, len(frags[0])) if parallel else start
             for slot, (buffers, stored) in enumerate(((self.keys, f.keys), (self.values, f.values))):
                 for layers, buffer, part in zip(self.groups, buffers, parts(stored)):
                     if layers:
@@ -180,21 +180,21 @@ class KVPrefixBackend:
         if reading.recompute is not None:
             recompute(self.model, cache, memory.text_ids(), reading.recompute)
         longest = max((len(f) for f in memory.fragments), default=0)
-        start = 1 + (longest if reading.parallel else memory.n_tokens)
+        start = memory.sink_length + (longest if reading.parallel else memory.n_tokens)
         out = run_after(self.model, cache, prompt_ids, start, logits_to_keep=logits_to_keep)
         return out.logits[0], cache, start + len(prompt_ids)
 
     @torch.no_grad()
     def deviations(self, memory: LatentMemory, layer: int, room: int = 256) -> torch.Tensor:
-        """CacheBlend's check: every memory position recomputed through `layer`; per position 1..N, the squared
-        distance of its recomputed values at `layer` from the stored ones (summed over heads and width). The
+        """CacheBlend's check: every memory position recomputed through `layer`; per position after the sink, the
+        squared distance of its recomputed values at `layer` from the stored ones (summed over heads and width). The
         recomputed cache (`room` positions to grow: the tokens recomputed next, the prompt, the answer) is kept
         for a prefill of the same memory that recomputes through `layer`."""
         cache = self.cache(memory, room=room)
         stored = cache.layers[layer].values.clone()
-        recompute_through(self.model, cache, memory.text_ids(), layer)
+        recompute_through(self.model, cache, memory.text_ids(), layer, memory.sink_length)
         self.checked = ([memory.sink, *memory.fragments], layer, cache)
-        return ((cache.layers[layer].values - stored).float() ** 2).sum(dim=(0, 1, 3))[1:].cpu()
+        return ((cache.layers[layer].values - stored).float() ** 2).sum(dim=(0, 1, 3))[memory.sink_length:].cpu()
 
     def _checked(self, memory: LatentMemory, layer: int, room: int) -> Cache:
         """The cache `deviations` recomputed through `layer` for this memory (used once), or, for another
@@ -220,7 +220,7 @@ class KVPrefixBackend:
             shared = min(common_prefix(self.last_prompt, prompt_ids), len(prompt_ids) - 1)
         cache = self.traced.cache(memory, room=len(prompt_ids), held=shared)
         shared = shared if self.traced.unchanged else 0
-        start = 1 + memory.n_tokens
+        start = memory.sink_length + memory.n_tokens
         rows = rows_after(self.model, cache, prompt_ids[shared:], start + shared, layers)
         if shared:
             width = start + len(prompt_ids)

@@ -14,11 +14,11 @@ from methods.memory import LatentMemory
 from methods.peers.peer import Peer
 
 
-def most_deviating(deviations: torch.Tensor, ratio: float) -> torch.Tensor:
-    """The memory positions (1-based, ascending) of the int(ratio * N) largest of `deviations` [N], ties to
-    the earlier position (the authors' count: int(N * ratio))."""
+def most_deviating(deviations: torch.Tensor, ratio: float, first: int = 1) -> torch.Tensor:
+    """The memory positions (ascending; `deviations` [N] are of positions first..first+N-1) of the
+    int(ratio * N) largest, ties to the earlier position (the authors' count: int(N * ratio))."""
     count = int(ratio * len(deviations))
-    return torch.sort(torch.argsort(deviations, descending=True, stable=True)[:count]).values + 1
+    return torch.sort(torch.argsort(deviations, descending=True, stable=True)[:count]).values + first
 
 
 class CacheBlend(Peer):
@@ -43,5 +43,5 @@ class CacheBlend(Peer):
 
     def reading(self, view: LatentMemory, backend) -> Reading:
         room = int(self.ratio * view.n_tokens) + 512          # the chosen tokens, a prompt and its answer
-        chosen = most_deviating(backend.deviations(view, self.check_layer, room), self.ratio)
+        chosen = most_deviating(backend.deviations(view, self.check_layer, room), self.ratio, view.sink_length)
         return Reading(recompute=chosen, recompute_through=self.check_layer)

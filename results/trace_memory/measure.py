@@ -20,7 +20,7 @@ from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.formation import Former
 from methods.memory import LatentMemory
-from methods.session import format_prompt
+from methods.prompting import format_prompt
 
 LAYER = 18                                       # SmolLM2's tracer layer
 
