@@ -132,10 +132,18 @@ def ready(spec, backend_name: str):
     except Exception as err:  # noqa: BLE001 - any model's failure here is the user's model, said in one line
         if os.environ.get("MEMDEFRAG_DEBUG"):
             raise
-        kind = getattr(getattr(model, "config", None), "model_type", None) or "unknown"
+        kind = getattr(getattr(model, "config", None), "model_type", None) or declared_type(spec)
         raise ConfigError(f"model.source={spec.source!r} (model type {kind!r}) failed while {step}: "
                           f"{type(err).__name__}: {one_line_cause(err)}; this harness cannot run it"
                           + ("" if model is None else f" with backend={backend_name}")) from None
+
+
+def declared_type(spec) -> str:
+    """The model type the source's config declares (what a failed load still tells), or 'unknown'."""
+    try:
+        return check_source(spec)[0].model_type
+    except Exception:  # noqa: BLE001 - only names the type in a message about another failure
+        return "unknown"
 
 
 def compression_summary(compressor, logs: list[dict]) -> dict:

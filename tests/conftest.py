@@ -117,20 +117,9 @@ def smollm2():
 def save_tiny_checkpoint(folder) -> str:
     """A loadable checkpoint folder: a tiny random Llama and a byte-level BPE tokenizer with a chat
     template, trained offline on the synthetic set, so whole runs go through the real harness."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from harness.families import tiny_tokenizer
 
-    from evals.synthetic import generate
-
-    data = generate(0)
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator([t.context for t in data.targets[:200]] + list(data.unrelated[:50]), trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    tokenizer.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
-                               "{% if add_generation_prompt %}<s>assistant: {% endif %}")
+    tokenizer = tiny_tokenizer()
     torch.manual_seed(0)
     config = LlamaConfig(**{**COMMON, "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
                             "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,

@@ -8,21 +8,24 @@ model's own eager attention) in tests/test_backends.py, and the load-time self-c
 tests/test_selfcheck.py. Refused: the rows below, checked on a folder holding only a config and a tokenizer.
 """
 
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from transformers import (AutoModelForCausalLM, DeepseekV2Config, Gemma4TextConfig, GPT2Config, Lfm2Config,
                           Llama4TextConfig, Qwen3NextConfig)
 
 from harness.errors import ConfigError
+from harness.families import Outcome, causal_types, survey, tiny_tokenizer
 from harness.runner import preflight
 from methods.backends.kv_prefix import KVPrefixBackend
 from tests.conftest import COMMON, FAMILIES, tiny_run_config
 
 GEMMA4 = dict(COMMON, sliding_window=12)
-STATEFUL = "carry a recurrent or convolutional state, not per-token keys and values"
+STATEFUL = "keeps a recurrent or convolutional state, not per-token keys and values"
 NO_ROTARY = "re-places keys through the family's rotary function"
 REFUSED = {   # family: (config, backends refused, what the one line says)
     "gpt2": (lambda: GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=400, bos_token_id=1, eos_token_id=2),
@@ -40,10 +43,10 @@ REFUSED = {   # family: (config, backends refused, what the one line says)
                          ["fast"], r"stores each layer's own keys and values; model type 'gemma4_text' shares them "
                                    r"across layers \(layers \[2, 3\]"),
     "qwen3_next": (lambda: Qwen3NextConfig(**{**COMMON, "num_hidden_layers": 4}),
-                   ["fast", "hidden_prefix"], f"'qwen3_next' has layers of type linear_attention \\(layers 0-2\\) "
-                                              f"that {STATEFUL}.*neither backend can hold it"),
+                   ["fast", "hidden_prefix"], f"'qwen3_next' has layers that latent memory cannot hold: "
+                                              f"linear_attention \\(layers 0-2\\) {STATEFUL}.*neither backend can run it"),
     "lfm2": (lambda: Lfm2Config(**{**COMMON, "num_hidden_layers": 4}, full_attn_idxs=[1, 3]),
-             ["fast", "hidden_prefix"], f"'lfm2' has layers of type conv \\(layers 0, 2\\) that {STATEFUL}"),
+             ["fast", "hidden_prefix"], f"'lfm2' has layers that latent memory cannot hold: conv \\(layers 0, 2\\) {STATEFUL}"),
 }
 
 
@@ -139,3 +142,50 @@ def test_a_model_that_fails_while_it_is_checked_ends_the_run_in_one_line(monkeyp
     assert str(refused.value) == ("model.source='/models/m' (model type 'unknown') failed while checking "
                                   "backend=fast on it: IndexError: tuple index out of range; this harness cannot "
                                   "run it with backend=fast")
+
+
+COMMITTED = Path(__file__).resolve().parents[1] / "results" / "families.md"
+
+
+def committed_outcomes() -> dict[str, str]:
+    """The committed table's outcome per type, where it was made with the installed transformers (else none)."""
+    text = COMMITTED.read_text()
+    if f"transformers {transformers.__version__} " not in text.splitlines()[0]:
+        return {}
+    return {cells[1]: cells[2] for line in text.splitlines()
+            if len(cells := [c.strip() for c in line.split("|")]) == 5 and cells[2] in set(Outcome)}
+
+
+@pytest.fixture(scope="module")
+def shared_tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.mark.parametrize("model_type", causal_types())
+def test_every_causal_lm_type_is_exact_or_refused_in_one_line_naming_it(model_type, shared_tokenizer):
+    """Each type of the installed transformers' causal-LM mapping, built tiny from its own config class, runs
+    exactly or is refused in one line naming its type (a traceback fails the row); one transformers cannot
+    build tiny is listed with transformers' own error. With the transformers the committed table was made
+    with, each type's outcome is the committed one (results/families.md, `python -m harness.families`)."""
+    [row] = survey([model_type], shared_tokenizer)
+    assert row.outcome in set(Outcome) and "\n" not in row.detail
+    if row.outcome not in (Outcome.exact, Outcome.not_built):     # the type its checkpoint declares (gpt-sw3's
+        assert re.search(r"model type '[\w.-]+'", row.detail)       # is gpt2, a multimodal one's its text part's)
+    if row.outcome == Outcome.not_built:
+        assert row.detail
+    expected = committed_outcomes().get(model_type)
+    assert expected in (None, row.outcome), f"{model_type}: {row.outcome} ({row.detail}), committed: {expected}"
+
+
+def test_the_readmes_family_counts_are_the_committed_tables():
+    """The README's statement of supported families quotes results/families.md: its version and its counts."""
+    table = COMMITTED.read_text()
+    version = re.search(r"transformers (\S+) ", table.splitlines()[0]).group(1)
+    counts = dict(re.findall(r"^\| (\w+) \| (\d+) \|$", table, re.MULTILINE))
+    readme = " ".join((COMMITTED.parents[1] / "README.md").read_text().split())
+    statement = re.search(rf"with transformers {re.escape(version)}, of (\d+) types: (.*?), and no traceback", readme)
+    assert statement, f"the README states no family counts for transformers {version}"
+    assert int(statement.group(1)) == sum(map(int, counts.values()))
+    said = {words.replace(" ", "_").replace("-", "_"): number for number, words in re.findall(r"(\d+) ([a-z -]+?)(?: \(|,|$)",
+                                                                             statement.group(2))}
+    assert said == counts

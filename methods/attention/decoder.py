@@ -4,7 +4,8 @@ keeps per token.
 
 A latent memory keeps per-token keys and values (or layer inputs) of fragments formed alone and reads
 them concatenated. A layer that carries a recurrent or convolutional state (linear attention, state-space,
-short convolutions) has no per-token state to concatenate: such decoders are refused, on every backend.
+short convolutions), compressed blocks, or an indexer's keys beside its own has no per-token state the store
+can concatenate: such decoders are refused, on every backend, with what the layer keeps.
 Which state a layer keeps is read from transformers' own per-layer cache types.
 """
 
@@ -53,18 +54,29 @@ def layer_types(config) -> list[str]:
                            f"({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
 
 
+def kept(layer_type: str) -> str:
+    """What a layer of this cache type keeps instead of one key and value per token, in words (from the cache
+    class transformers maps it to; a family's own cache class registers itself when its code is imported)."""
+    cache = DYNAMIC_LAYER_TYPE_MAPPING.get(layer_type)
+    if "index" in layer_type:                       # DeepSeek-V3.2's sparse attention and its kin
+        return "per-token keys plus a sparse-attention indexer's own keys, which the store does not keep yet"
+    if cache is not None and any("LinearAttention" in kind.__name__ for kind in cache.__mro__):
+        return "a recurrent or convolutional state, not per-token keys and values"
+    return "a cache of its own kind (e.g. compressed blocks of tokens), not one key and value per token"
+
+
 def check(config) -> None:
     """Before any weights load: every layer keeps per-token keys and values (or reads another's)."""
     types = layer_types(config)
     stateful = sorted({t for t in types if t != SHARED and not (
         DYNAMIC_LAYER_TYPE_MAPPING.get(t) in PER_TOKEN)})
     if stateful:
-        where = [i for i, t in enumerate(types) if t in stateful]
+        what = "; ".join(f"{t} (layers {_ranges([i for i, x in enumerate(types) if x == t])}) keeps {kept(t)}"
+                         for t in stateful)
         raise DecoderError(
-            f"model type {config.model_type!r} has layers of type {', '.join(stateful)} (layers {_ranges(where)}) "
-            f"that carry a recurrent or convolutional state, not per-token keys and values: a state formed over "
-            f"one fragment cannot be stored and concatenated with another's, so neither backend can hold it as "
-            f"latent memory; decoders whose layers are all attention run (Llama, Qwen, Mistral, Gemma, ...)")
+            f"model type {config.model_type!r} has layers that latent memory cannot hold: {what}. A fragment's "
+            f"state must be stored and concatenated with another's, so neither backend can run it; decoders "
+            f"whose layers are all attention run (Llama, Qwen, Mistral, Gemma, ...)")
 
 
 def shared_layers(config) -> list[int]:
@@ -90,8 +102,9 @@ def layers(model) -> torch.nn.ModuleList:
     for module in decoder.modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) == count:
             return module
-    raise DecoderError(f"model type {model.config.model_type!r}: {type(decoder).__name__} has no list of "
-                       f"{count} decoder layers")
+    raise DecoderError(f"model type {model.config.model_type!r}: the decoder its get_decoder() returns "
+                       f"({type(decoder).__name__}) holds no list of its {count} layers, so its stack of blocks "
+                       f"cannot be found")
 
 
 def attention(layer) -> torch.nn.Module:

@@ -16,7 +16,7 @@ from enum import StrEnum
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from methods.attention.decoder import attentions, hooked
+from methods.attention.decoder import DecoderError, attentions, hooked
 from methods.errors import one_of
 
 QueryMode = StrEnum("QueryMode", ["last", "mean"])   # the prompt tokens a density is read from
@@ -165,6 +165,10 @@ def recording_attention(model, layers: list[int], prompt_len: int):
 
     with attention_calls(model, traced):
         yield rows
+    missing = sorted(wanted - rows.keys())
+    if missing:
+        raise DecoderError(f"model type {model.config.model_type!r}: layers {missing} computed their attention "
+                           f"without an attention function the harness can watch, so their rows cannot be traced")
 
 
 @contextmanager
