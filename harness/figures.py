@@ -88,7 +88,8 @@ def accuracy_against_time(table: pd.DataFrame, accuracy: str, path: str | Path, 
             ax.annotate(row[name], (row[time], row[accuracy]), fontsize=6, alpha=0.8,
                         color=points.get_facecolor()[0], xytext=(3, 2), textcoords="offset points")
     ax.set(xlabel=time.replace("s/", "seconds per ").replace("ttft", "time to first token"),
-           ylabel=f"accuracy (%), {accuracy}", xscale="log")
+           ylabel=f"accuracy (%), {accuracy}",
+           xscale="log" if table[time].nunique() > 1 else "linear")     # one time: no range to take a log over
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
