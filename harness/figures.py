@@ -74,11 +74,13 @@ def correlation_bars(table: pd.DataFrame, path: str | Path, title: str = "") -> 
 
 
 def accuracy_against_time(table: pd.DataFrame, accuracy: str, path: str | Path, time: str = "s/question",
-                          name: str = "variant") -> None:
-    """One point per row of `table` (model, `name`, the `time` and `accuracy` columns; its interval's `low@n` and
-    `high@n` as an error bar where the table has them), a colour per model: what each method buys and costs."""
+                          name: str = "variant", interval: tuple[str, str] | None = None,
+                          measure: str = "accuracy") -> None:
+    """One point per row of `table` (model, `name`, the `time` and `accuracy` columns; its interval's columns,
+    `low@n` and `high@n` by default, as an error bar where the table has them), a colour per model: what each
+    method buys and costs. measure: what the `accuracy` column holds, for the axis."""
     fig, ax = plt.subplots(figsize=(8, 5))
-    low, high = accuracy.replace("acc@", "low@"), accuracy.replace("acc@", "high@")
+    low, high = interval or (accuracy.replace("acc@", "low@"), accuracy.replace("acc@", "high@"))
     for model, rows in table.groupby("model"):
         points = ax.scatter(rows[time], rows[accuracy], label=model)
         if low in rows and high in rows:           # the accuracy's interval as an error bar
@@ -88,7 +90,7 @@ def accuracy_against_time(table: pd.DataFrame, accuracy: str, path: str | Path, 
             ax.annotate(row[name], (row[time], row[accuracy]), fontsize=6, alpha=0.8,
                         color=points.get_facecolor()[0], xytext=(3, 2), textcoords="offset points")
     ax.set(xlabel=time.replace("s/", "seconds per ").replace("ttft", "time to first token"),
-           ylabel=f"accuracy (%), {accuracy}",
+           ylabel=f"{measure} (%), {accuracy}",
            xscale="log" if table[time].nunique() > 1 else "linear")     # one time: no range to take a log over
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

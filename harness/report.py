@@ -12,12 +12,13 @@ from pathlib import Path
 import pandas as pd
 
 from evals.distortion import correlations
+from evals.locomo import locomo_table, scores_by_category
 from evals.longbench import longbench_table
 from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
 from harness.comparisons import peers_section, rankers_section
 from harness.errors import ConfigError, OneLineParser
-from harness.figures import accuracy_curves
+from harness.figures import accuracy_against_time, accuracy_curves
 from harness.results import read_jsonl
 from harness.sections import BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, Run, Section, runs_under
 from harness.tracer_layers import recorded, tracers_file
@@ -242,6 +243,31 @@ def longbench_section(root, runs, model: str) -> Section:
                          f"holding a gold answer (methods that trace). Runs: {folders}.")
 
 
+def locomo_section(root, runs, figures) -> Section:
+    """Per model, category and method: LoCoMo's F1 and the substring accuracy with their intervals, the evidence
+    hit, its rank, seconds per question; the figure: F1 against seconds per question."""
+    title = ("LoCoMo dialogue memory: LoCoMo's F1 and substring accuracy (%), evidence session read (%), its "
+             "density rank, seconds per question")
+    chosen = sorted((r for r in runs if "tab:locomo" in r.tables), key=lambda r: (r.model, *baselines_first(r)))
+    if not chosen:
+        return Section("tab:locomo", title, missing="no runs yet: memdefrag experiment=locomo")
+    labels = run_labels([r.config for r in chosen])
+    records = [{**record, "run": f"{run.model} {label}", "model": run.model, "method": label}
+               for run, label in zip(chosen, labels) for record in read_jsonl(run.folder / "predictions.jsonl")]
+    figure = figures / "locomo.png"
+    points = scores_by_category(records, ("model", "method"))
+    accuracy_against_time(points[points.category == points.category.max()], "f1", figure, name="method",
+                          interval=("f1 low", "f1 high"), measure="LoCoMo F1")
+    sizes = "; ".join(f"{run.model} {label}: {len(read_jsonl(run.folder / 'predictions.jsonl'))} questions"
+                      for run, label in zip(chosen, labels))
+    return Section("tab:locomo", title, locomo_table(records).round(1), figure=str(figure.relative_to(root)),
+                   after=f"F1: LoCoMo's own score (evals/locomo_scoring.py) with its 95 % bootstrap interval over "
+                         f"the questions; accuracy: the gold answer inside the answer's first line, Wilson "
+                         f"interval; evidence hit: an evidence session among the fragments read (methods that "
+                         f"choose); evidence rank: its best density rank. {sizes}. The figure: the last "
+                         f"category's F1 against seconds per question.")
+
+
 def tracer_summary_section() -> Section:
     section = Section("tab:top_tracing_layer_summary", "Recommended tracer layer per model (memdefrag tracer-sweep)")
     chosen = recorded()
@@ -289,6 +315,7 @@ def build(root: Path) -> list[Section]:
                              "seconds"),
         *(longbench_section(root, runs, model)
           for model in [DEFAULT_MODEL, *sorted({r.model for r in runs if "tab:longbench" in r.tables} - {DEFAULT_MODEL})]),
+        locomo_section(root, runs, figures),
         *compression_section(root, runs, figures),
         rankers_section(root, runs, figures),
         peers_section(root, runs, figures),

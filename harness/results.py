@@ -233,12 +233,17 @@ class ResultFolder:
 
 
 LATER_SETTINGS = {"memory_on": "model"}    # settings added after runs were written: the value those runs had
+LATER_PLUGIN_SETTINGS = {                  # the same for a plugin's options, by its _target_
+    "methods.baselines.TextMemory": {"fit_window": False, "answer_room": 64},
+}
 
 
 def as_of_now(config: dict) -> dict:
     """A run's config with every setting added since it was written at the value it then had, so that a run
-    resumes, and pairs in `memdefrag compare`, across an upgrade that only added settings."""
-    return {**LATER_SETTINGS, **config}
+    resumes, pairs in `memdefrag compare` and keeps its label across an upgrade that only added settings."""
+    config = {**LATER_SETTINGS, **config}
+    return {group: {**LATER_PLUGIN_SETTINGS.get(node.get("_target_"), {}), **node} if isinstance(node, dict) else node
+            for group, node in config.items()}
 
 
 def flattened(node, prefix: str = "") -> dict:
