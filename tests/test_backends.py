@@ -10,6 +10,7 @@ from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend, rows_after, run_after
 from methods.base import Reading
 from methods.memory import LatentMemory
+from methods.prompting import prompt_header
 from methods.attention.tracing import densities, prompt_attention
 from tests.conftest import FRAGMENTS
 
@@ -85,6 +86,20 @@ def test_one_fragment_behind_a_shared_prefix_is_the_prefill_of_prefix_fragment_a
         with reading.attention(llama, memory):
             logits = KVPrefixBackend(llama).prefill(memory, prompt, reading=reading)[0]
         torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+
+
+def test_under_a_plain_prompt_the_shared_prefix_is_the_shared_sink(llama, tokenizer):
+    """A plain prompt puts nothing before its question: APE's shared prefix is then the one-token sink, and
+    formation=shared_prefix forms the memory shared_sink forms (Gemma-3-270M, a base model, reads plain)."""
+    assert prompt_header(tokenizer, "plain") == []
+    shared = formed(llama, tokenizer, "shared_sink")
+    prefix = LatentMemory()
+    former = Former(llama, tokenizer, "shared_prefix", keep_kv=True, header=prompt_header(tokenizer, "plain"))
+    for text in FRAGMENTS:
+        former.store(prefix, text)
+    assert prefix.sink_length == 1 and prefix.spans() == shared.spans()
+    for a, b in zip([shared.sink, *shared.fragments], [prefix.sink, *prefix.fragments]):
+        torch.testing.assert_close(a.keys, b.keys, atol=0, rtol=0)
 
 
 def test_an_answer_computes_only_the_logits_it_reads(llama, tokenizer):
