@@ -27,7 +27,7 @@ import torch
 from transformers import DynamicCache
 
 from methods.memory import Fragment, LatentMemory
-from methods.attention.decoder import cache_keyword, hooked, layers
+from methods.attention.decoder import DecoderError, cache_keyword, hooked, layers
 from methods.attention.positions import Rotary, watching_rotary
 from methods.errors import one_of
 
@@ -52,7 +52,12 @@ def capture_layer_inputs(model):
 
     def make_hook(index):
         def hook(module, args, kwargs):
-            captured.append((args[0] if args else kwargs["hidden_states"]).detach())
+            states = args[0] if args else kwargs["hidden_states"]
+            if states.dim() != 3 or states.shape[0] != 1:       # Gemma-3n's AltUp: several streams per token
+                raise DecoderError(f"model type {model.config.model_type!r}: decoder layer {index} takes hidden "
+                                   f"states of shape {tuple(states.shape)}, not one vector per token ([1, tokens, "
+                                   f"width]), so the paper's formulation cannot store its layer inputs")
+            captured.append(states.detach())
         return hook
 
     with hooked(layers(model), make_hook):

@@ -19,7 +19,7 @@ from transformers import (AutoModelForCausalLM, DeepseekV2Config, Gemma4TextConf
                           Llama4TextConfig, Qwen3NextConfig)
 
 from harness.errors import ConfigError
-from harness.families import Outcome, causal_types, survey, tiny_tokenizer
+from harness.families import Outcome, causal_types, judged, survey, tiny_config, tiny_tokenizer
 from harness.runner import preflight
 from methods.backends.kv_prefix import KVPrefixBackend
 from tests.conftest import COMMON, FAMILIES, tiny_run_config
@@ -189,3 +189,15 @@ def test_the_readmes_family_counts_are_the_committed_tables():
     said = {words.replace(" ", "_").replace("-", "_"): number for number, words in re.findall(r"(\d+) ([a-z -]+?)(?: \(|,|$)",
                                                                              statement.group(2))}
     assert said == counts
+
+
+def test_gemma3n_without_shared_layers_is_refused_in_one_line_for_its_several_hidden_streams(tmp_path, shared_tokenizer):
+    """Gemma-3n's layers take AltUp's several hidden streams per token (once a traceback from the store)."""
+    config = tiny_config("gemma3n_text", 4)
+    config.num_kv_shared_layers, config.layer_types = 0, ["sliding_attention", "full_attention"] * 2
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    shared_tokenizer.save_pretrained(tmp_path)
+    outcome, line = judged("gemma3n_text", tmp_path)
+    assert outcome == Outcome.refused_at_load and "\n" not in line
+    assert re.search(r"decoder layer 0 takes hidden states of shape \(4, 1, \d+, 64\), not one vector per token", line)
