@@ -35,7 +35,7 @@ def records_of(folders: list[Path]) -> pd.DataFrame:
     for folder in folders:
         config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"))
         records = read_jsonl(folder / "predictions.jsonl")
-        if records and "correct" in records[0]:
+        if records and {"correct", "step"} <= records[0].keys():
             runs.append((config, records))
     labels = run_labels([config for config, _ in runs])
     rows = [{**record, "dataset": config["task"]["dataset"], "run": label}

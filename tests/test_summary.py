@@ -78,3 +78,15 @@ def test_a_sweep_of_a_task_without_steps_is_summarised_from_its_metrics(tmp_path
     SweepSummary().on_multirun_end(SimpleNamespace(hydra=SimpleNamespace(sweep=SimpleNamespace(dir=str(tmp_path)))))
     summary = (tmp_path / "summary.md").read_text()
     assert "| vanilla        | fictional_document |   10 |" in summary and "memdefrag_top2" in summary
+
+
+def test_a_sweep_of_questions_without_steps_is_summarised_by_its_metrics(tmp_path):
+    """LoCoMo's records are judged (`correct`) but asked once, at no step: its sweep gets every run's metrics."""
+    from types import SimpleNamespace
+
+    from harness.summary import SweepSummary
+
+    write_run(tmp_path, "a", [{"group": 0, "category": 4, "correct": True}])
+    (tmp_path / "a" / "metrics.csv").write_text("method,category,f1\nvanilla,4,50.0\n")
+    SweepSummary().on_multirun_end(SimpleNamespace(hydra=SimpleNamespace(sweep=SimpleNamespace(dir=str(tmp_path)))))
+    assert "| vanilla  |          4 |   50 |" in (tmp_path / "summary.md").read_text()
