@@ -57,6 +57,7 @@ ADJUST = {   # model type: settings where shrinking alone is invalid, each with 
     "reformer": dict(is_decoder=True, axial_pos_shape=[16, 32], axial_pos_embds_dim=[32, 32]),  # a decoder;
                                            # its axial position sizes must sum to the width
     "gpt_neo": dict(attention_types=[[["global", "local"], 1]]),   # its layer pattern names the layer count
+    "hrm_text": dict(num_layers_per_stack=1, H_cycles=1, L_cycles=1),   # its layers: stack x H x (L + 1) cycles
 }
 
 
