@@ -163,3 +163,25 @@ def test_the_table_has_a_row_per_run_and_category_with_intervals():
     row = table.loc[(4, "vanilla")]
     assert row["f1"].startswith("50.0 [") and row["accuracy"].startswith("50.0 [") and row["n"] == 2
     assert row["evidence hit"] == 50.0 and row["s/question"] == 1.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["none", "text", "text_window", "vanilla", "memdefrag_top2", "select", "ape",
+                                    "epic", "cacheblend", "memoryllm_defrag", "mplus_defrag"])
+def test_every_method_answers_the_embedded_dialogues(tmp_path, request, method):
+    """Every method end to end on task=locomo (the embedded set, every category): a record per question with
+    LoCoMo's score; the methods that choose fragments say whether they read an evidence session."""
+    from harness.runner import run
+    from tests.conftest import tiny_run_config
+
+    own = {"memoryllm_defrag": "tiny_memoryllm", "mplus_defrag": "tiny_mplus"}
+    checkpoint = request.getfixturevalue(own.get(method, "tiny_checkpoint"))
+    extra = ["backend=hidden_prefix"] if method in own else []
+    cfg = tiny_run_config(checkpoint, "task=locomo", f"method={method}", "task.groups=1",
+                          "task.categories=[1,2,3,4,5]", *extra, small_task=False)
+    metrics = run(cfg, str(tmp_path))
+    assert sorted(metrics["category"]) == [1, 2, 3, 4, 5]
+    records = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
+    assert len(records) == 6 and all(0 <= r["f1"] <= 1 for r in records)
+    choosers = ("memdefrag_top2", "select", "memoryllm_defrag", "mplus_defrag")     # read some fragments only
+    assert all(("target_read" in r) == (method in choosers) for r in records), [r.keys() for r in records]
