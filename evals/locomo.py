@@ -27,6 +27,8 @@ from evals import synthetic_dialogue
 from evals.locomo_scoring import Category, score
 from evals.retention import is_correct, rank_of
 from evals.stats import bootstrap_mean, wilson, with_interval
+from methods.attention.decoder import num_layers
+from methods.attention.tracing import QueryMode, densities, ranks
 from methods.errors import ConfigError, one_of
 
 LoCoMoDataset = StrEnum("LoCoMoDataset", ["synthetic", "locomo"])
@@ -132,14 +134,17 @@ class LoCoMo:
     """categories: LoCoMo's categories asked (4, single-hop, the authors' default); groups: how many
     conversations, the first that fit in file order (None: all); questions: a seeded sample of that many per
     conversation (None: all); max_tokens: a conversation longer than this (the sessions' tokens) is skipped (None: none is);
-    first_line: score the answer's first non-empty line (the authors'), else all of it."""
+    first_line: score the answer's first non-empty line (the authors'), else all of it; trace_layers: also
+    rank the evidence session by density at every layer, in both query modes (which layer finds it best:
+    the authors' `locomo_layer_sweep.py` question)."""
 
-    tables = ("tab:locomo",)
+    tables = ("tab:locomo", "tab:locomo_layers")
     marks_targets = True                  # the sessions holding a question's evidence
 
     def __init__(self, dataset: LoCoMoDataset = "synthetic", data_dir: str | None = None, file: str | None = None,
                  categories: list[int] = (4,), groups: int | None = None, questions: int | None = None,
-                 max_tokens: int | None = 18_000, first_line: bool = True, seed: int = 42):
+                 max_tokens: int | None = 18_000, first_line: bool = True, trace_layers: bool = False,
+                 seed: int = 42):
         one_of("task.dataset", dataset, LoCoMoDataset)
         wrong = [c for c in categories or [] if c not in set(Category)]
         if wrong or not categories:
@@ -154,7 +159,7 @@ class LoCoMo:
         self.dataset, self.categories = dataset, sorted(set(categories))
         self.path = Path(file) if file else Path(data_dir or ".") / DEFAULT_FILE
         self.n_groups, self.n_questions, self.max_tokens = groups, questions, max_tokens
-        self.first_line, self.seed = first_line, seed
+        self.first_line, self.trace_layers, self.seed = first_line, trace_layers, seed
         self.skipped: list[dict] = []
 
     def samples(self) -> list[dict]:
@@ -209,6 +214,7 @@ class LoCoMo:
                 updates[phase] = updates.get(phase, 0.0) + seconds
         for n, question in enumerate(conversation.questions):
             held = [fids[k] for k in question.evidence if k in fids]
+            by_layer = self.evidence_ranks(session, question.text, held) if self.trace_layers and held else {}
             answer = session.ask(question.text, targets=tuple(held))
             scored = first_line(answer.text) if self.first_line else answer.text
             ranks = [r for r in (rank_of(fid, answer.densities) for fid in held) if r is not None]
@@ -223,7 +229,19 @@ class LoCoMo:
                 "target_rank": min(ranks) if ranks else None,
                 "seconds": {**(updates if n == 0 else {}), **answer.seconds},
                 **({} if answer.read is None or not held else {"target_read": any(f in answer.read for f in held)}),
+                **({"evidence_rank_by_layer": by_layer} if by_layer else {}),
             }
+
+    @staticmethod
+    def evidence_ranks(session, question: str, held: list[int]) -> dict[str, list[int]]:
+        """Per query mode, the best density rank of an evidence session at every layer (1 = densest), from one
+        trace of the question over the whole memory."""
+        layers = list(range(num_layers(session.model.config)))
+        rows = session.trace(session.memory, session.prompt_ids(question), layers)
+        ids = session.memory.ids()
+        where = [ids.index(fid) for fid in held if fid in ids]
+        return {mode: [int(ranks(densities(rows[layer], session.memory.spans(), mode))[where].min()) for layer in layers]
+                for mode in QueryMode} if where else {}
 
     def metrics(self, records: list[dict]) -> pd.DataFrame:
         """What the answers score (timings stay in the records: the table shows them)."""
@@ -273,3 +291,18 @@ def locomo_table(records: list[dict]) -> pd.DataFrame:
     table = table.sort_values(["category", "run"], key=lambda c: c.map(order) if c.name == "run" else c)
     return table.set_index(["category", "run"]).drop(columns=[f"{m} {b}" for m in ("f1", "accuracy")
                                                               for b in ("low", "high")])
+
+
+def layers_table(records: list[dict], hit_at: int = 2) -> pd.DataFrame:
+    """`tab:locomo_layers`: per layer (rows) and run x query mode (columns), the share (%) of questions whose
+    evidence session ranks within the first `hit_at` by density at that layer; the last row names the best."""
+    columns = {}
+    for run in dict.fromkeys(r["run"] for r in records):
+        traced = [r["evidence_rank_by_layer"] for r in records if r["run"] == run and "evidence_rank_by_layer" in r]
+        for mode in QueryMode:
+            if traced:
+                hits = np.array([t[mode] for t in traced]) <= hit_at
+                columns[f"{run} ({mode})"] = 100 * hits.mean(axis=0)
+    table = pd.DataFrame(columns).rename_axis("layer")
+    best = pd.DataFrame([table.idxmax()], index=["best layer"]).astype(object)
+    return pd.concat([table.round(1).astype(object), best])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from evals.distortion import correlations
-from evals.locomo import locomo_table, scores_by_category
+from evals.locomo import layers_table, locomo_table, scores_by_category
 from evals.longbench import longbench_table
 from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
@@ -243,29 +243,38 @@ def longbench_section(root, runs, model: str) -> Section:
                          f"holding a gold answer (methods that trace). Runs: {folders}.")
 
 
-def locomo_section(root, runs, figures) -> Section:
-    """Per model, category and method: LoCoMo's F1 and the substring accuracy with their intervals, the evidence
-    hit, its rank, seconds per question; the figure: F1 against seconds per question."""
+def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
+    """`tab:locomo`, per model, category and method: LoCoMo's F1 and the substring accuracy with their
+    intervals, the evidence hit, its rank, seconds per question, and its figure (F1 against seconds per
+    question); `tab:locomo_layers`: for runs that traced every layer, the evidence session's hit@2 per layer."""
     title = ("LoCoMo dialogue memory: LoCoMo's F1 and substring accuracy (%), evidence session read (%), its "
              "density rank, seconds per question")
+    layers = Section("tab:locomo_layers", "LoCoMo: evidence session among the 2 densest (%) when traced at each "
+                     "layer", missing="no runs yet: memdefrag experiment=locomo task.trace_layers=true")
     chosen = sorted((r for r in runs if "tab:locomo" in r.tables), key=lambda r: (r.model, *baselines_first(r)))
     if not chosen:
-        return Section("tab:locomo", title, missing="no runs yet: memdefrag experiment=locomo")
-    labels = run_labels([r.config for r in chosen])
+        return Section("tab:locomo", title, missing="no runs yet: memdefrag experiment=locomo"), layers
+    labels = [label for model in dict.fromkeys(r.model for r in chosen)        # told apart within a model
+              for label in run_labels([r.config for r in chosen if r.model == model])]
+    answered = [read_jsonl(run.folder / "predictions.jsonl") for run in chosen]
     records = [{**record, "run": f"{run.model} {label}", "model": run.model, "method": label}
-               for run, label in zip(chosen, labels) for record in read_jsonl(run.folder / "predictions.jsonl")]
+               for run, label, found in zip(chosen, labels, answered) for record in found]
     figure = figures / "locomo.png"
     points = scores_by_category(records, ("model", "method"))
     accuracy_against_time(points[points.category == points.category.max()], "f1", figure, name="method",
                           interval=("f1 low", "f1 high"), measure="LoCoMo F1")
-    sizes = "; ".join(f"{run.model} {label}: {len(read_jsonl(run.folder / 'predictions.jsonl'))} questions"
-                      for run, label in zip(chosen, labels))
+    sizes = "; ".join(f"{run.model} {label}: {len(found)} questions of {len({r['group'] for r in found})} "
+                      f"conversations" for run, label, found in zip(chosen, labels, answered))
+    if any("evidence_rank_by_layer" in r for r in records):
+        layers.table, layers.missing = layers_table(records), ""
+        layers.after = ("Each question's evidence session ranked by attention density over the whole memory at "
+                        "every layer, in both query modes; `best layer`: the layer with the most hits.")
     return Section("tab:locomo", title, locomo_table(records).round(1), figure=str(figure.relative_to(root)),
                    after=f"F1: LoCoMo's own score (evals/locomo_scoring.py) with its 95 % bootstrap interval over "
                          f"the questions; accuracy: the gold answer inside the answer's first line, Wilson "
                          f"interval; evidence hit: an evidence session among the fragments read (methods that "
                          f"choose); evidence rank: its best density rank. {sizes}. The figure: the last "
-                         f"category's F1 against seconds per question.")
+                         f"category's F1 against seconds per question."), layers
 
 
 def tracer_summary_section() -> Section:
@@ -315,7 +324,7 @@ def build(root: Path) -> list[Section]:
                              "seconds"),
         *(longbench_section(root, runs, model)
           for model in [DEFAULT_MODEL, *sorted({r.model for r in runs if "tab:longbench" in r.tables} - {DEFAULT_MODEL})]),
-        locomo_section(root, runs, figures),
+        *locomo_sections(root, runs, figures),
         *compression_section(root, runs, figures),
         rankers_section(root, runs, figures),
         peers_section(root, runs, figures),

@@ -235,6 +235,7 @@ class ResultFolder:
 LATER_SETTINGS = {"memory_on": "model"}    # settings added after runs were written: the value those runs had
 LATER_PLUGIN_SETTINGS = {                  # the same for a plugin's options, by its _target_
     "methods.baselines.TextMemory": {"fit_window": False, "answer_room": 64},
+    "evals.locomo.LoCoMo": {"trace_layers": False},
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from evals import synthetic_dialogue
-from evals.locomo import LoCoMo, evidence_sessions, first_line, locomo_table, serialized
+from evals.locomo import LoCoMo, evidence_sessions, first_line, layers_table, locomo_table, serialized
 from harness.errors import ConfigError
 from methods.baselines import TextMemory
 from methods.formation import Former
@@ -185,3 +185,23 @@ def test_every_method_answers_the_embedded_dialogues(tmp_path, request, method):
     assert len(records) == 6 and all(0 <= r["f1"] <= 1 for r in records)
     choosers = ("memdefrag_top2", "select", "memoryllm_defrag", "mplus_defrag")     # read some fragments only
     assert all(("target_read" in r) == (method in choosers) for r in records), [r.keys() for r in records]
+
+
+def test_traced_layers_give_the_evidence_rank_at_every_layer_and_the_best_layer(tmp_path, tiny_checkpoint):
+    """task.trace_layers: each record ranks its evidence session at every layer in both query modes (from the
+    same densities the ranker reads), and tab:locomo_layers names the layer where it is most often in the
+    first two."""
+    from harness.runner import run
+    from tests.conftest import tiny_run_config
+
+    cfg = tiny_run_config(tiny_checkpoint, "task=locomo", "method=vanilla", "task.groups=1",
+                          "task.trace_layers=true", small_task=False)
+    run(cfg, str(tmp_path))
+    records = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
+    layers = 3                                          # the tiny checkpoint's
+    for record in records:
+        ranks = record["evidence_rank_by_layer"]
+        assert sorted(ranks) == ["last", "mean"] and all(len(v) == layers for v in ranks.values())
+        assert all(1 <= r <= 8 for v in ranks.values() for r in v)
+    table = layers_table([{**r, "run": "vanilla"} for r in records])
+    assert list(table.columns) == ["vanilla (last)", "vanilla (mean)"] and table.index[-1] == "best layer"
