@@ -305,4 +305,4 @@ def layers_table(records: list[dict], hit_at: int = 2) -> pd.DataFrame:
                 columns[f"{run} ({mode})"] = 100 * hits.mean(axis=0)
     table = pd.DataFrame(columns).rename_axis("layer")
     best = pd.DataFrame([table.idxmax()], index=["best layer"]).astype(object)
-    return pd.concat([table.round(1).astype(object), best])
+    return pd.concat([table.round(1).astype(object), best]).rename_axis("layer")
