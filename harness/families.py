@@ -8,6 +8,8 @@ run the tiny config, said with its error. New releases then show up as rows, not
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 import shutil
 import tempfile
@@ -141,18 +143,25 @@ def built(model_type: str, folder: Path, tokenizer) -> str | None:
     return failure
 
 
+@functools.cache
+def _run_config():
+    """The run every type is judged by (composed once: composing costs more than judging a tiny model)."""
+    from hydra import compose, initialize_config_module
+
+    overrides = ["model=hf", "model.source=tiny", "model.tracer_layer=1", "model.query_mode=mean",
+                 "model.dtype=float32", "model.device=cpu", "method=memdefrag_top2", "task.groups=1",
+                 "task.updates=2", "logger=none", "max_new_tokens=4"]
+    with initialize_config_module("conf", version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
 def judged(model_type: str, folder: Path) -> tuple[Outcome, str]:
     """What a run of the tiny checkpoint in `folder` meets: the checks before weights, then the load, probe and
     self-check of backend=fast. Anything but a ConfigError escapes: a traceback a user would see."""
-    from hydra import compose, initialize_config_module
-
     from harness.runner import preflight, ready
 
-    overrides = ["model=hf", f"model.source={folder}", f"model.name={model_type}", "model.tracer_layer=1",
-                 "model.query_mode=mean", "model.dtype=float32", "model.device=cpu", "method=memdefrag_top2",
-                 "task.groups=1", "task.updates=2", "logger=none", "max_new_tokens=4"]
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
+    cfg = copy.deepcopy(_run_config())
+    cfg.model.source, cfg.model.name = str(folder), model_type
     try:
         spec = preflight(cfg)[0]
     except ConfigError as err:
