@@ -25,7 +25,7 @@ import pandas as pd
 
 from evals import synthetic_dialogue
 from evals.locomo_scoring import Category, score
-from evals.retention import is_correct, rank_of
+from evals.retention import best_rank, is_correct
 from evals.stats import bootstrap_mean, wilson, with_interval
 from methods.attention.decoder import num_layers
 from methods.attention.tracing import QueryMode, densities, ranks
@@ -217,7 +217,6 @@ class LoCoMo:
             by_layer = self.evidence_ranks(session, question.text, held) if self.trace_layers and held else {}
             answer = session.ask(question.text, targets=tuple(held))
             scored = first_line(answer.text) if self.first_line else answer.text
-            ranks = [r for r in (rank_of(fid, answer.densities) for fid in held) if r is not None]
             yield {
                 "group": conversation.index, "question_index": n, "sample_id": conversation.sample_id,
                 "category": question.category, "question": question.text, "gold": question.answer,
@@ -226,7 +225,7 @@ class LoCoMo:
                 else is_correct(question.answer, scored),
                 "evidence_sessions": list(question.evidence), "memory_tokens": session.memory.n_tokens,
                 "used_tokens": answer.memory_tokens, "conversation_tokens": conversation.tokens,
-                "target_rank": min(ranks) if ranks else None,
+                "target_rank": best_rank(held, answer.densities),
                 "seconds": {**(updates if n == 0 else {}), **answer.seconds},
                 **({} if answer.read is None or not held else {"target_read": any(f in answer.read for f in held)}),
                 **({"evidence_rank_by_layer": by_layer} if by_layer else {}),
@@ -238,9 +237,9 @@ class LoCoMo:
         trace of the question over the whole memory."""
         layers = list(range(num_layers(session.model.config)))
         rows = session.trace(session.memory, session.prompt_ids(question), layers)
-        ids = session.memory.ids()
+        ids, spans = session.memory.ids(), session.memory.spans()
         where = [ids.index(fid) for fid in held if fid in ids]
-        return {mode: [int(ranks(densities(rows[layer], session.memory.spans(), mode))[where].min()) for layer in layers]
+        return {mode: [int(ranks(densities(rows[layer], spans, mode))[where].min()) for layer in layers]
                 for mode in QueryMode} if where else {}
 
     def metrics(self, records: list[dict]) -> pd.DataFrame:

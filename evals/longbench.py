@@ -30,7 +30,7 @@ import pandas as pd
 
 from evals import synthetic_long
 from evals.metrics import METRICS, AnswerMetrics, BertScore
-from evals.retention import rank_of
+from evals.retention import best_rank
 from evals.stats import bootstrap_mean, paired_difference, with_interval
 from methods.errors import ConfigError, one_of
 from methods.prompting import format_prompt
@@ -337,7 +337,6 @@ class LongBench:
                    if any(a.strip().lower() in chunk_text.lower() for a in item.answers)]
         text, style = self.question(item)
         answer = session.ask(text, prompt=style, max_new_tokens=self.answer_lengths[item.subset], targets=holding)
-        target_ranks = [r for r in (rank_of(fid, answer.densities) for fid in holding) if r is not None]
         yield {
             "group": item.index, "subset": item.subset, "id": item.id, "question": item.question,
             "answers": list(item.answers), "output": answer.text, **self.scorer(answer.text, list(item.answers)),
@@ -347,7 +346,7 @@ class LongBench:
             "subset_skipped": item.subset_skipped, "memory_tokens": session.memory.n_tokens,
             "used_tokens": answer.memory_tokens,
             "answer_chunks": [ids.index(fid) for fid in holding],
-            "target_rank": min(target_ranks) if target_ranks else None,
+            "target_rank": best_rank(holding, answer.densities),
             "seconds": {**updates, **answer.seconds},
             **self.bertscore.describe(),
         }

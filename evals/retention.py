@@ -125,6 +125,12 @@ class Retention:
         return {}
 
 
+def best_rank(fids, densities: dict[int, float]) -> int | None:
+    """The best (lowest) rank among fragments `fids` (several may hold the answer), or None where none is ranked."""
+    found = [r for r in (rank_of(fid, densities) for fid in fids) if r is not None]
+    return min(found) if found else None
+
+
 def rank_of(fid: int, densities: dict[int, float]) -> int | None:
     if fid not in densities:
         return None
