@@ -30,6 +30,7 @@ from evals.stats import bootstrap_mean, wilson, with_interval
 from methods.attention.decoder import num_layers
 from methods.attention.tracing import QueryMode, densities, ranks
 from methods.errors import ConfigError, one_of
+from methods.session import UPDATE_PHASES
 
 LoCoMoDataset = StrEnum("LoCoMoDataset", ["synthetic", "locomo"])
 DEFAULT_FILE = Path("locomo") / "locomo10.json"
@@ -207,11 +208,8 @@ class LoCoMo:
 
     def run_group(self, session, conversation: Conversation) -> Iterator[dict]:
         """Store every session in order, then ask each question over the final memory."""
-        fids, updates = {}, {}
-        for k, text in conversation.sessions:
-            fids[k] = session.store(text)
-            for phase, seconds in session.update_seconds.items():
-                updates[phase] = updates.get(phase, 0.0) + seconds
+        stored, updates = session.store_all(text for _, text in conversation.sessions)
+        fids = dict(zip((k for k, _ in conversation.sessions), stored))
         for n, question in enumerate(conversation.questions):
             held = [fids[k] for k in question.evidence if k in fids]
             by_layer = self.evidence_ranks(session, question.text, held) if self.trace_layers and held else {}
@@ -258,8 +256,8 @@ def scores_by_category(records: list[dict], by: tuple[str, ...] = ()) -> pd.Data
     the method chooses fragments), the evidence's mean density rank, seconds per question, and n."""
     frame = pd.DataFrame(records)
     frame["evidence_read"] = frame["target_read"] if "target_read" in frame else np.nan
-    frame["seconds_per_question"] = [sum(v for k, v in s.items() if k not in ("formation", "forgetting",
-                                                                           "compression")) for s in frame["seconds"]]
+    frame["seconds_per_question"] = [sum(v for phase, v in s.items() if phase not in UPDATE_PHASES)
+                                     for s in frame["seconds"]]
     rows = []
     for key, part in frame.groupby([*by, "category"], sort=True):
         f1 = part["f1"].to_numpy(dtype=float)

@@ -328,11 +328,7 @@ class LongBench:
 
     def run_group(self, session, item: Item) -> Iterator[dict]:
         """Store every chunk in order, ask once."""
-        ids, updates = [], {}                       # seconds per phase of storing (formation, ...), summed
-        for text in item.chunks:
-            ids.append(session.store(text))
-            for phase, seconds in session.update_seconds.items():
-                updates[phase] = updates.get(phase, 0.0) + seconds
+        ids, updates = session.store_all(item.chunks)
         holding = [fid for fid, chunk_text in zip(ids, item.chunks)
                    if any(a.strip().lower() in chunk_text.lower() for a in item.answers)]
         text, style = self.question(item)

@@ -20,9 +20,9 @@ from harness.figures import accuracy_against_time
 from harness.results import read_jsonl
 from harness.sections import Run, Section
 from harness.summary import run_labels
+from methods.session import UPDATE_PHASES
 
 ANSWER_PHASES = ("trace", "rank", "select", "prefill", "decode")     # a question's seconds, in the order spent
-UPDATE_PHASES = ("compression", "formation", "forgetting", "index")  # the seconds of the update before it
 QUESTION = ["seed", "group"]                                  # what pairs two rows' answers at a step
 RANKER_REFERENCE, PEER_REFERENCE = "density top1 latent", "memdefrag_top1"    # what the others are paired with
 INTERVALS = ("Accuracy: % of the questions at that step, with its 95 % Wilson interval in brackets (n = groups x "

@@ -107,7 +107,7 @@ def outcomes(model, tokenizer, backend_classes, texts, order, question, prompt, 
         answer = greedy(model, logits, cache, position, answer_tokens, stop)
         rows = backend.attention_rows(view, prompt_ids, layers)
         dens = torch.stack([densities(rows[layer], view.spans(), mode) for layer in layers for mode in QueryMode])
-        found.append(Outcome(logits.float().cpu(), dens.float().cpu(), answer, view.sink_length + view.n_tokens))
+        found.append(Outcome(logits.float().cpu(), dens.float().cpu(), answer, view.prefix_length))
     return found
 
 

@@ -117,6 +117,11 @@ class LatentMemory:
         """Positions the sink holds, before the first fragment's (1 until the first fragment gives it)."""
         return 1 if self.sink is None else len(self.sink)
 
+    @property
+    def prefix_length(self) -> int:
+        """Positions the memory takes before a prompt read in order after it: the sink's, then N."""
+        return self.sink_length + self.n_tokens
+
     def append(self, fragment: Fragment) -> None:
         self.fragments.append(fragment)
 

@@ -19,6 +19,8 @@ from methods.memory import LatentMemory
 from methods.prompting import format_prompt, prompt_header, prompt_template, token_ids
 from methods.backends.text_prefix import TextPrefix
 
+UPDATE_PHASES = ("compression", "formation", "forgetting", "index")  # a store's seconds (index: a ranker's own)
+
 
 @dataclass
 class Answer:
@@ -75,6 +77,15 @@ class Session:
                                "forgetting": clock(self.model.device) - formed, **self.method.stored(fragment)}
         return fragment.fid
 
+    def store_all(self, texts) -> tuple[list[int], dict[str, float]]:
+        """Store each text in order; their ids and the seconds per phase of storing them all, summed."""
+        ids, seconds = [], {}
+        for text in texts:
+            ids.append(self.store(text))
+            for phase, spent in self.update_seconds.items():
+                seconds[phase] = seconds.get(phase, 0.0) + spent
+        return ids, seconds
+
     @torch.no_grad()
     def trace(self, view: LatentMemory, prompt_ids: torch.Tensor, layers: list[int]) -> dict[int, torch.Tensor]:
         """Prompt attention rows of `layers` from one forward, over `view` as this method holds it:
@@ -112,7 +123,7 @@ class Session:
             if latent is not None:
                 logits, cache, position = self.backend.prefill(latent, prompt_ids, room=max_new_tokens,
                                                                logits_to_keep=1, reading=plan.reading)
-                memory_tokens = latent.sink_length + latent.n_tokens
+                memory_tokens = latent.prefix_length
             else:
                 text_ids = torch.empty(0, dtype=torch.long) if plan.text_ids is None else plan.text_ids
                 if plan.text_ids is None:           # no memory read: the prompt whole, its header included

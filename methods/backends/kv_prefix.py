@@ -220,7 +220,7 @@ class KVPrefixBackend:
             shared = min(common_prefix(self.last_prompt, prompt_ids), len(prompt_ids) - 1)
         cache = self.traced.cache(memory, room=len(prompt_ids), held=shared)
         shared = shared if self.traced.unchanged else 0
-        start = memory.sink_length + memory.n_tokens
+        start = memory.prefix_length
         rows = rows_after(self.model, cache, prompt_ids[shared:], start + shared, layers)
         if shared:
             width = start + len(prompt_ids)

@@ -36,6 +36,10 @@ class SlotMemory:
 
     sink_length = 1             # the position before the pool (the sink's, where the model has one)
 
+    @property
+    def prefix_length(self) -> int:
+        return self.sink_length + self.n_tokens
+
     def ids(self) -> list[int]:
         return list(self.order)
 
