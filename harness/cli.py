@@ -10,7 +10,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import conf  # noqa: F401 - registers the typed schemas the configs extend
-from harness import cache, collect, compare, report, shards, tracer_layers
+from harness import cache, catalog, collect, compare, report, shards, tracer_layers
 from harness.errors import OneLineParser, stops_on_config_error
 from harness.jobs import check_jobs
 from harness.runner import run
@@ -80,6 +80,9 @@ def main() -> None:
     elif command == "cache":
         with stops_on_config_error("memdefrag cache"):
             verify_cache(sys.argv[2:])
+    elif command == "plugins":
+        with stops_on_config_error("memdefrag plugins"):
+            catalog.main(sys.argv[2:])
     elif command == "tracer-sweep":
         del sys.argv[1]
         with stops_on_config_error("memdefrag tracer-sweep"):
