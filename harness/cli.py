@@ -10,7 +10,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import conf  # noqa: F401 - registers the typed schemas the configs extend
-from harness import cache, catalog, collect, compare, report, shards, tracer_layers
+from harness import cache, catalog, collect, compare, migrate, report, shards, tracer_layers
 from harness.errors import OneLineParser, stops_on_config_error
 from harness.jobs import check_jobs
 from harness.runner import run
@@ -74,6 +74,9 @@ def main() -> None:
     elif command == "report":
         with stops_on_config_error("memdefrag report"):
             report.main(sys.argv[2:])
+    elif command == "migrate":
+        with stops_on_config_error("memdefrag migrate"):
+            migrate.main(sys.argv[2:])
     elif command == "collect":
         with stops_on_config_error("memdefrag collect"):
             collect.main(sys.argv[2:])
@@ -93,3 +96,7 @@ def main() -> None:
         with stops_on_config_error("memdefrag"):
             check_jobs("config", sys.argv[1:])
         app()
+
+
+if __name__ == "__main__":          # `python -m harness.cli` is the `memdefrag` command too
+    main()

@@ -18,8 +18,7 @@ from evals.stats import wilson, with_interval
 from harness.claims import paired, read_claims, rendered
 from harness.figures import accuracy_against_time
 from harness.results import read_jsonl
-from harness.sections import Run, Section
-from harness.summary import run_labels
+from harness.sections import Run, Section, labelled
 from methods.session import UPDATE_PHASES
 
 ANSWER_PHASES = ("trace", "rank", "select", "prefill", "decode")     # a question's seconds, in the order spent
@@ -183,7 +182,7 @@ def peers_section(root, runs, figures) -> Section:
         section.missing = "no runs yet: memdefrag experiment=peers"
         return section
     order = {label: i for i, label in enumerate(OmegaConf.load(PEERS).hydra.sweeper.params.method.split(","))}
-    rows = rows_of(chosen, labels_per_table(chosen))
+    rows = rows_of(chosen, labelled(chosen, "tab:peers", leave=("seed",)))
     table = pd.DataFrame([peer_row(row) for row in rows])
     table[f"vs {PEER_REFERENCE}"] = versus(rows, PEER_REFERENCE)
     claims = supported(root, "peers", rows)
@@ -202,19 +201,6 @@ def peers_section(root, runs, figures) -> Section:
                      + ", ".join(sorted({str(r.config.get("threads")) for r in chosen})) + "." + claims + "\n\n"
                      + section.after)
     return section
-
-
-def labels_per_table(runs: list[Run]) -> list[str]:
-    """Each run's label (harness.summary.run_labels) among the runs of its own model and dataset, its seed left
-    out (runs of several seeds are one row)."""
-    def seedless(config: dict) -> dict:
-        return {**config, "task": {k: v for k, v in config["task"].items() if k != "seed"}}
-
-    labels = {}
-    for key in {(r.model, r.config["task"]["dataset"]) for r in runs}:
-        same = [r for r in runs if (r.model, r.config["task"]["dataset"]) == key]
-        labels |= {id(r): label for r, label in zip(same, run_labels([seedless(r.config) for r in same]))}
-    return [labels[id(r)] for r in runs]
 
 
 def supported(root: Path, label: str, rows: list[Row]) -> str:

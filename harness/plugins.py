@@ -30,10 +30,17 @@ def build(node: DictConfig, what: str, **kwargs):
 
 
 @functools.cache
-def declared_tables(task: str) -> tuple[str, ...]:
-    """The report tables a task class declares its runs make (`tables`); none where the class cannot be
-    imported here (a plugin not installed)."""
+def table_titles(task: str) -> dict[str, str]:
+    """The report tables a task class declares its runs make (`tables`: labels, or labels to titles), each with
+    its title ('' where only the label is given); none where the class cannot be imported here (a plugin not
+    installed)."""
     try:
-        return tuple(getattr(get_class(task), "tables", ()))
+        tables = getattr(get_class(task), "tables", ())
     except (ImportError, ValueError):
-        return ()
+        return {}
+    return dict(tables) if isinstance(tables, dict) else dict.fromkeys(tables, "")
+
+
+def declared_tables(task: str) -> tuple[str, ...]:
+    """The labels of the report tables a task class declares (table_titles)."""
+    return tuple(table_titles(task))

@@ -1,8 +1,9 @@
 """`memdefrag report RESULTS_DIR`: the paper's tables (Markdown and LaTeX) and figures from whatever
 result folders lie below RESULTS_DIR, and RESULTS_DIR/README.md that shows them.
 
-The README is RESULTS_DIR/notes.md (written by people: setup, commands, what the numbers
-mean) followed by one generated section per paper table; a table without results says so.
+The README is one generated section per table, in the paper's order, each with its command, its figure and a
+short note; it links RESULTS_DIR/notes.md (written by people: setup, what the numbers mean). A table without
+results says so; a task's own tables (its class's `tables`) are found without an edit here.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
 from harness.comparisons import peers_section, rankers_section
 from harness.errors import ConfigError, OneLineParser
+from harness.plugins import table_titles
 from harness.figures import accuracy_against_time, accuracy_curves
+from harness.migrate import migrate_all
 from harness.results import read_jsonl
-from harness.sections import BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, Run, Section, runs_under
+from harness.sections import (BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, Run, Section, labelled, runs_under,
+                               step_records, step_table)
 from harness.tracer_layers import recorded, tracers_file
-from harness.summary import accuracy_table, records_of, run_labels
+from harness.summary import accuracy_table
 
 
 def retention_section(root, runs, label, title, bounded, figures, model: str | None = None) -> Section:
@@ -33,10 +37,10 @@ def retention_section(root, runs, label, title, bounded, figures, model: str | N
     if not chosen:
         need = "memdefrag experiment=retention_comparison" if bounded else "memdefrag experiment=accuracy"
         return Section(label, title, missing=f"no runs yet: {need}")
-    table = accuracy_table(records_of([r.folder for r in chosen]))
+    records = step_records(sorted(chosen, key=baselines_first), label)
     figure = figures / f"{label.split(':')[1]}.png"
-    accuracy_curves(table, figure)
-    return Section(label, title, table, figure=str(figure.relative_to(root)))
+    accuracy_curves(accuracy_table(records), figure)
+    return Section(label, title, step_table(records), figure=str(figure.relative_to(root)), after=INTERVALS)
 
 
 def compression_section(root, runs, figures) -> tuple[Section, Section]:
@@ -49,14 +53,14 @@ def compression_section(root, runs, figures) -> tuple[Section, Section]:
     if not chosen:
         accuracy.missing = rank.missing = "no runs yet: memdefrag experiment=compression_comparison"
         return accuracy, rank
-    records = records_of([r.folder for r in chosen])
+    records = step_records(chosen, accuracy.label)
     records["run"], shared = compressor_columns(records["run"])
-    accuracy.table = accuracy_table(records)
+    accuracy.table = step_table(records)
     figure = figures / "compression_comparison.png"
-    accuracy_curves(accuracy.table, figure)
+    accuracy_curves(accuracy_table(records), figure)
     accuracy.figure = str(figure.relative_to(root))
-    rank.table = accuracy_table(records, value="target_rank")
-    accuracy.after = rank.after = f"Every run: {shared}. 1 = every token kept (no compression). " \
+    rank.table = step_table(records, value="target_rank")
+    accuracy.after = rank.after = f"{INTERVALS} Every run: {shared}. 1 = every token kept (no compression). " \
         + "; ".join(f"{r.config['task']['dataset']}: N_max {r.config['model'].get('memory_capacity') or 'unbounded'}"
                     for r in {r.config['task']['dataset']: r for r in chosen}.values()) + "."
     return accuracy, rank
@@ -92,13 +96,14 @@ def memoryllm_sections(root, runs, figures) -> list[Section]:
                           "(layer, query mode: " + ", ".join(sorted({f"{r.config['method']['tracer_layer']} "
                                                                     f"{r.config['method']['query_mode']}"
                                                                     for r in mine})) + "), accuracy (%)")
-        section.table = accuracy_table(records_of([r.folder for r in mine]))
+        records = step_records(mine, section.label)
+        section.table = step_table(records)
         figure = figures / f"{section.label.split(':')[1]}.png"
-        accuracy_curves(section.table, figure)
-        section.figure = str(figure.relative_to(root))
+        accuracy_curves(accuracy_table(records), figure)
+        section.figure, section.after = str(figure.relative_to(root)), INTERVALS
         if suffix:
             source = mine[0].config["model"]["source"]
-            section.after = (f"**Plumbing only**: `{source}` is not a released checkpoint (random weights); these "
+            section.after += (f" **Plumbing only**: `{source}` is not a released checkpoint (random weights); these "
                              "runs show that the pipeline works end to end, not how well the model remembers.")
         sections.append(section)
     return sections
@@ -110,10 +115,10 @@ def bounded_step_section(runs, label: str, title: str, value: str) -> Section:
     chosen = [r for r in runs if label in r.tables and r.bounded and not r.study]
     if not chosen:
         return Section(label, title, missing="no runs yet: memdefrag experiment=forgetting_ablation")
-    records = records_of([r.folder for r in chosen])
+    records = step_records(chosen, label)
     if value == "seconds":
         records["seconds"] = records["seconds"].map(lambda phases: sum(phases.values()))
-    return Section(label, title, accuracy_table(records, value=value).dropna(axis=1, how="all"))
+    return Section(label, title, step_table(records, value=value), after=MEANS)
 
 
 def probe_section(root, runs) -> Section:
@@ -180,7 +185,7 @@ def study_table(runs, study: str, value) -> tuple[pd.DataFrame, str] | None:
     chosen = [r for r in runs if (r.study == study or r.baseline) and r.info]
     if not any(r.study == study for r in chosen):
         return None
-    labels = run_labels([r.config for r in chosen])
+    labels = labelled(chosen, f"tab:{study}")
     frame = pd.DataFrame([{"dataset": r.config["task"]["dataset"], "method": label, "value": value(r)}
                           for r, label in zip(chosen, labels)])
     table = frame.pivot_table(index="dataset", columns="method", values="value", aggfunc="max")
@@ -215,6 +220,8 @@ def peak_gb(peak: dict) -> float | None:
     return None if value is None else value / 1024
 
 
+INTERVALS = "Each accuracy with its 95 % Wilson interval over the questions at that step, in brackets."
+MEANS = "Each mean with its 95 % bootstrap interval over the groups, in brackets."
 BASELINES = ("none", "text", "vanilla")       # the rows a table of methods starts with, in this order
 
 
@@ -231,7 +238,7 @@ def longbench_section(root, runs, model: str) -> Section:
     chosen = sorted((r for r in runs if "tab:longbench" in r.tables and r.model == model), key=baselines_first)
     if not chosen:
         return Section(label, title, missing="no runs yet: memdefrag experiment=longbench")
-    records = [{**record, "run": run_label} for run, run_label in zip(chosen, run_labels([r.config for r in chosen]))
+    records = [{**record, "run": run_label} for run, run_label in zip(chosen, labelled(chosen, label))
                for record in read_jsonl(run.folder / "predictions.jsonl")]
     scorers = sorted({f"{r['bertscore_model']} (layer {r['bertscore_layers']}, "
                       f"{'rescaled' if r['bertscore_rescaled'] else 'not rescaled'})" for r in records})
@@ -254,8 +261,7 @@ def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
     chosen = sorted((r for r in runs if "tab:locomo" in r.tables), key=lambda r: (r.model, *baselines_first(r)))
     if not chosen:
         return Section("tab:locomo", title, missing="no runs yet: memdefrag experiment=locomo"), layers
-    labels = [label for model in dict.fromkeys(r.model for r in chosen)        # told apart within a model
-              for label in run_labels([r.config for r in chosen if r.model == model])]
+    labels = labelled(chosen, "tab:locomo")
     answered = [read_jsonl(run.folder / "predictions.jsonl") for run in chosen]
     records = [{**record, "run": f"{run.model} {label}", "model": run.model, "method": label}
                for run, label, found in zip(chosen, labels, answered) for record in found]
@@ -302,17 +308,74 @@ NOT_YET = {
     "tab:larger_backbones": "no results: run experiment=larger_backbones on GPUs with the real weights",
 }
 
+# The command that makes each table's runs, by the label it begins with (the longest that fits).
+COMMANDS = {
+    "fig:distortion": "memdefrag experiment=distortion",
+    "tab:retrieval_layers": "memdefrag experiment=probe",
+    "tab:retention": "memdefrag experiment=accuracy",
+    "tab:retention_comparison": "memdefrag experiment=retention_comparison",
+    "tab:forgetting": "memdefrag experiment=forgetting_ablation",
+    "tab:longbench": "memdefrag experiment=longbench",
+    "tab:runtime": "memdefrag experiment=runtime",
+    "tab:gpu-memory": "memdefrag experiment=gpu_memory",
+    "tab:top_tracing_layer_summary": "memdefrag tracer-sweep model=<name>",
+    "tab:defrag_memoryllm_mplus": "memdefrag experiment=memoryllm_comparison; memdefrag experiment=mplus_comparison",
+    "tab:compression": "memdefrag experiment=compression_comparison",
+    "tab:larger_backbones": "memdefrag experiment=larger_backbones",
+    "tab:locomo": "memdefrag experiment=locomo",
+    "tab:locomo_layers": "memdefrag experiment=locomo task.trace_layers=true",
+    "tab:rankers": "memdefrag experiment=rankers; memdefrag experiment=rankers_sizes",
+    "tab:peers": "memdefrag experiment=peers",
+    "speed": "memdefrag-bench --out results/speed_cpu.md",
+}
+# The paper's order of its tables and figures (../paper: Sec. 2-5, then the appendix); the tables of this
+# harness's own studies come after, in this order; any other after those.
+ORDER = ("fig:distortion", "tab:retrieval_layers", "tab:retention", "tab:retention_comparison", "tab:forgetting",
+         "tab:longbench", "tab:runtime", "tab:gpu-memory", "tab:top_tracing_layer_summary",
+         "tab:defrag_memoryllm_mplus", "tab:compression", "tab:larger_backbones", "tab:rankers", "tab:peers",
+         "tab:locomo", "speed")
+
+
+def prefixed(label: str, keys) -> str | None:
+    """The longest of `keys` that `label` begins with (None where none does)."""
+    return max((k for k in keys if label.startswith(k)), key=len, default=None)
+
+
+def place(section: Section) -> int:
+    found = prefixed(section.label, ORDER)
+    return len(ORDER) if found is None else ORDER.index(found)
+
+
+def declared_sections(runs: list[Run], built: set[str]) -> list[Section]:
+    """A table for every label a task declares (its class's `tables`) that no section above builds: the metrics
+    of each of its runs as the task computes them (metrics.csv, brought to the current format by `memdefrag
+    migrate`), one block of rows per run. So a new task gets its table without an edit here."""
+    sections = []
+    for label in sorted({t for r in runs for t in r.tables} - built):
+        chosen = [r for r in runs if label in r.tables and (r.folder / "metrics.csv").is_file()]
+        task = chosen[0].config["task"]["_target_"] if chosen else ""
+        section = Section(label, table_titles(task).get(label) or label.split(":")[1].replace("_", " "),
+                          command=f"memdefrag task={task.rsplit('.', 1)[-1].lower()}")
+        if not chosen:
+            section.missing = "no finished runs yet"
+        else:
+            section.table = pd.concat([pd.read_csv(r.folder / "metrics.csv").assign(
+                model=r.model, dataset=r.config["task"]["dataset"]) for r in chosen], ignore_index=True)
+        sections.append(section)
+    return sections
+
 
 def build(root: Path) -> list[Section]:
     runs = runs_under(root)
     figures = root / "figures"
     figures.mkdir(exist_ok=True)
+    retained = {r.model for r in runs if "tab:retention" in r.tables and not r.bounded and not r.study}
     sections = [
         retention_section(root, runs, "tab:retention", "Knowledge retention, accuracy (%) per update step "
                           "(unbounded memory)", False, figures, DEFAULT_MODEL),
         *(retention_section(root, runs, f"tab:retention_{model}", f"Knowledge retention on {model}, accuracy (%) "
                             "per update step (unbounded memory)", False, figures, model)
-          for model in sorted({r.model for r in runs if "tab:retention" in r.tables} - {DEFAULT_MODEL})),
+          for model in sorted(retained - {DEFAULT_MODEL})),
         retention_section(root, runs, "tab:retention_comparison", "Knowledge retention with forgetting, "
                           "accuracy (%) at steps 10..50", True, figures),
         # Where accuracy sits at the floor (a small model on NaturalQA/SQuAD) the target's rank still
@@ -336,21 +399,32 @@ def build(root: Path) -> list[Section]:
         speed_section(root),
     ]
     sections += [Section(label, label.split(":")[1].replace("_", " "), missing=why) for label, why in NOT_YET.items()]
-    return sections
+    sections += declared_sections(runs, {s.label for s in sections})
+    for section in sections:
+        section.command = section.command or COMMANDS.get(prefixed(section.label, COMMANDS), "")
+    return sorted(sections, key=place)
+
+
+HEADER = """# Results
+
+Every table of the paper this harness reproduces, in the paper's order, each with the command that makes its
+runs, then the harness's own studies. Regenerated whole, deterministically, from the run folders below this one
+by `memdefrag report results` (which first brings older run folders to the current record format, as `memdefrag
+migrate results` does alone). How the runs were set up and what the numbers say: [notes.md](notes.md)."""
 
 
 def write(root: Path) -> Path:
-    """Tables under root/tables (Markdown and LaTeX), figures under root/figures, root/README.md."""
-    if not root.is_dir():
-        raise ConfigError(f"{root}: no such folder (give the folder that holds the result folders)")
+    """Every run folder below root migrated (harness.migrate), then tables under root/tables (Markdown and LaTeX),
+    figures under root/figures, root/README.md."""
+    migrate_all(root)                  # older run folders read as this version writes them
     sections = build(root)
     tables = root / "tables"
     tables.mkdir(exist_ok=True)
-    notes = root / "notes.md"
-    parts = [notes.read_text().rstrip() if notes.is_file() else "# Results",
-             "<!-- Everything below is generated by `memdefrag report results`; edit notes.md instead. -->"]
+    parts = [HEADER, "<!-- Generated by `memdefrag report results`: edit harness/report.py or notes.md instead. -->"]
     for section in sections:
         parts.append(f"## {section.title} (`{section.label}`)")
+        if section.command:
+            parts.append(f"Command: `{section.command}`")
         if section.text is not None:
             parts.append(section.text)
             continue

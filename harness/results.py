@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -232,19 +233,43 @@ class ResultFolder:
         self.close()
 
 
-LATER_SETTINGS = {"memory_on": "model"}    # settings added after runs were written: the value those runs had
+# Settings added after runs were written, at the value those runs had (the behaviour before the setting
+# existed), so that an old run resumes, pairs in `memdefrag compare`, keeps its label and is migrated
+# (`memdefrag migrate`) without a guess.
+LATER_SETTINGS = {"memory_on": "model", "shard": None, "resume": True, "study": None,
+                  "forgetting": {"_target_": "methods.forgetting.NoForgetting", "label": "unbounded"},
+                  "compression": {"_target_": "methods.compression.compressor.NoCompression", "label": "none"}}
 LATER_PLUGIN_SETTINGS = {                  # the same for a plugin's options, by its _target_
     "methods.baselines.TextMemory": {"fit_window": False, "answer_room": 64},
     "evals.locomo.LoCoMo": {"trace_layers": False},
+    "evals.probe.Probe": {"one_position_per_group": False},
 }
+# A model's settings added since, at its conf/model file's value: its prompt style and trust_remote_code have
+# not changed since, and its memory_capacity (N_max) only acts under forgetting, which runs that predate it lack.
+LATER_MODEL_SETTINGS = ("prompt", "trust_remote_code", "memory_capacity")
+MODELS = Path(__file__).resolve().parents[1] / "conf" / "model"
+
+
+@functools.cache
+def model_file(name: str) -> dict:
+    """The later settings a model's conf/model/<name>.yaml gives ({} for a model without such a file)."""
+    path = MODELS / f"{name}.yaml"
+    found = (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    return {key: found[key] for key in LATER_MODEL_SETTINGS if key in found}
 
 
 def as_of_now(config: dict) -> dict:
-    """A run's config with every setting added since it was written at the value it then had, so that a run
-    resumes, pairs in `memdefrag compare` and keeps its label across an upgrade that only added settings."""
-    config = {**LATER_SETTINGS, **config}
-    return {group: {**LATER_PLUGIN_SETTINGS.get(node.get("_target_"), {}), **node} if isinstance(node, dict) else node
-            for group, node in config.items()}
+    """A run's config with every setting added since it was written at the value it then had (after its own)."""
+    out = {group: filled(node, LATER_PLUGIN_SETTINGS.get(node.get("_target_"), {})) if isinstance(node, dict)
+           else node for group, node in filled(config, LATER_SETTINGS).items()}
+    if isinstance(out.get("model"), dict):
+        out["model"] = filled(out["model"], model_file(str(out["model"].get("name"))))
+    return out
+
+
+def filled(node: dict, later: dict) -> dict:
+    """`node` with the settings of `later` it lacks, after its own."""
+    return {**node, **{key: value for key, value in later.items() if key not in node}}
 
 
 def flattened(node, prefix: str = "") -> dict:

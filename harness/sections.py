@@ -9,10 +9,11 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
+from evals.stats import bootstrap_mean, wilson, with_interval
 from harness.errors import ConfigError
 from harness.plugins import declared_tables
-from harness.results import read_config, read_run_info
-from harness.summary import run_folders
+from harness.results import as_of_now, flattened, read_config, read_jsonl, read_run_info
+from harness.summary import IMPLIED, complete_groups, run_folders, run_labels
 
 DEFAULT_MODEL = "smollm2"     # the paper tables' backbone here; other models get sections of their own
 RELEASED = {"YuWangX/memoryllm-8b": "MemoryLLM-8B", "YuWangX/mplus-8b": "M+-8B"}   # baselines whose accuracy counts
@@ -59,6 +60,7 @@ class Section:
     figure: str | None = None
     text: str | None = None          # a table already written as Markdown
     after: str = ""                  # Markdown shown after the table
+    command: str = ""                # what makes the table's runs
 
 
 def runs_under(root: Path) -> list[Run]:
@@ -79,3 +81,71 @@ def runs_under(root: Path) -> list[Run]:
         raise ConfigError(f"{root} holds no run (a folder with config.yaml and predictions.jsonl): nothing to "
                           f"report, nothing written")
     return runs
+
+
+def labelled(runs: list[Run], table: str, leave: tuple[str, ...] = ()) -> list[str]:
+    """Each run's column (harness.summary.run_labels) among the runs of its own model and dataset, so that a
+    setting that differs only between datasets (N_max, say) splits no column; `leave`: task settings left out
+    (`seed`: runs of several seeds pool into one row). Refused, naming the setting, where runs that would share a
+    column split on a setting only some of them recorded (a run folder older than the setting: `memdefrag
+    migrate` fills it in)."""
+    def config(run: Run) -> dict:
+        return {**run.config, "task": {k: v for k, v in run.config["task"].items() if k not in leave}}
+
+    labels = {}
+    for key in dict.fromkeys((r.model, r.config["task"]["dataset"]) for r in runs):
+        same = [r for r in runs if (r.model, r.config["task"]["dataset"]) == key]
+        refuse_one_sided(table, same, [config(r) for r in same])
+        labels |= {id(r): label for r, label in zip(same, run_labels([config(r) for r in same]))}
+    return [labels[id(r)] for r in runs]
+
+
+def refuse_one_sided(table: str, runs: list[Run], configs: list[dict]) -> None:
+    """A ConfigError where runs sharing a column's name differ in a setting that only some of them recorded."""
+    names = [run_labels([c])[0] for c in configs]
+    for name in dict.fromkeys(names):
+        mine = [(run, flattened(as_of_now(c))) for run, c, n in zip(runs, configs, names) if n == name]
+        for key in sorted(set().union(*(flat for _, flat in mine))):
+            if any(key == i or key.startswith(i + ".") for i in IMPLIED):
+                continue
+            having = [run for run, flat in mine if key in flat]
+            if len(having) < len(mine) and len({repr(flat.get(key)) for _, flat in mine}) > 1:
+                lacking = next(run for run, flat in mine if key not in flat)
+                raise ConfigError(f"{table}: column {name} would split on {key}, which {having[0].folder} records "
+                                  f"and {lacking.folder} does not: run `memdefrag migrate` on the results first, "
+                                  f"or add {key} to harness.results.LATER_SETTINGS with the value older runs had")
+
+
+def step_records(runs: list[Run], table: str) -> pd.DataFrame:
+    """Every answer of the runs that answer questions per step, with its dataset and its run's column (labelled)."""
+    found = [(run, records) for run in runs if (records := read_jsonl(run.folder / "predictions.jsonl"))
+             and {"correct", "step"} <= records[0].keys()]
+    labels = labelled([run for run, _ in found], table)
+    return pd.DataFrame([{**record, "dataset": run.config["task"]["dataset"], "run": label}
+                         for (run, records), label in zip(found, labels) for record in records])
+
+
+def step_table(records: pd.DataFrame, value: str = "correct") -> pd.DataFrame:
+    """(dataset, step) x run over the finished groups: accuracy (%) with its 95 % Wilson interval, or the mean of
+    another per-question `value` with its 95 % bootstrap interval over groups; a last row per dataset: the
+    groups each run finished. Columns in the order the runs come."""
+    records = complete_groups(records)
+    cells: dict = {}
+    for (dataset, step, run), frame in records.groupby(["dataset", "step", "run"], sort=False):
+        values = frame[value].dropna()
+        if values.empty:
+            continue
+        if value == "correct":
+            cells[(dataset, str(step)), run] = with_interval(values.mean(), *wilson(int(values.sum()), len(values)))
+        else:
+            mean, low, high = bootstrap_mean(values.to_numpy(float), frame.loc[values.index, "group"].to_numpy())
+            cells[(dataset, str(step)), run] = f"{mean:.2f} [{low:.2f}, {high:.2f}]"
+    for (dataset, run), frame in records.groupby(["dataset", "run"], sort=False):
+        cells[(dataset, "groups"), run] = str(frame["group"].nunique())
+    datasets = list(dict.fromkeys(records["dataset"]))
+    rows = [(d, str(s)) for d in datasets for s in sorted(records.loc[records["dataset"] == d, "step"].unique())]
+    rows = sorted(rows + [(d, "groups") for d in datasets], key=lambda row: (datasets.index(row[0]), row[1] == "groups"))
+    columns = list(dict.fromkeys(records["run"]))
+    table = pd.DataFrame([[cells.get((row, run), "") for run in columns] for row in rows], columns=columns,
+                         index=pd.MultiIndex.from_tuples(rows, names=["dataset", "step"]))
+    return table.loc[:, (table != "").any()]

@@ -57,12 +57,12 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
                **scorer} for g in (0, 1)])
     readme = write(tmp_path).read_text()
     assert "_no runs yet: memdefrag experiment=longbench_" not in readme
-    assert readme.startswith("# Our results\n\nHow they were made.")
+    assert "[notes.md](notes.md)" in readme and "How they were made." not in readme     # linked, not inlined
     assert "_no runs yet: memdefrag experiment=accuracy_" in readme                       # tab:retention
     assert "memdefrag_top2+informativeness" in readme                               # tab:retention_comparison
-    assert re.search(r"\| nqa +\| 10 +\| +100 \|", readme)
-    assert re.search(r"\| nqa +\| 20 +\| +2.25 \|", readme.split("tab:forgetting_rank")[1])
-    assert re.search(r"\| nqa +\| 10 +\| +3.5 \|", readme.split("tab:forgetting_seconds")[1])
+    assert re.search(r"\| nqa +\| 10 +\| 100.0 \[20.7, 100.0\] +\|", readme)          # with its Wilson interval
+    assert re.search(r"\| nqa +\| 20 +\| 2.25 \[2.25, 2.25\] +\|", readme.split("tab:forgetting_rank")[1])
+    assert re.search(r"\| nqa +\| 10 +\| 3.50 \[3.50, 3.50\] +\|", readme.split("tab:forgetting_seconds")[1])
     assert "in_band" in readme and "(p/b/tracing.md)" in readme and (tmp_path / "p" / "b" / "tracing.md").is_file()
     assert "smollm2 latent chat shared_sink, 1 groups, target at all 2 positions (p/b)" in readme
     assert "smollm2 text chat shared_sink, 2 groups, target at positions 1/2, one per group (p/t)" in readme
@@ -74,9 +74,9 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     memory = readme.split("(`tab:gpu-memory`)")[1].split("\n## ")[0]
     assert re.search(r"\| nqa +\| +15 \| +19.73 \|", memory)
     compressed = readme.split("(`tab:compression_comparison`)")[1].split("\n## ")[0]
-    assert re.search(r"\| +self_information@0.3 \|", compressed)
+    assert re.search(r"\| self_information@0.3 +\|", compressed)
     assert "Every run: memdefrag_top3+informativeness." in compressed
-    assert re.search(r"\| nqa +\| 10 +\| +100 \| +0 \|", compressed)
+    assert re.search(r"\| nqa +\| 10 +\| 100.0 \[20.7, 100.0\] +\| 0.0 \[0.0, 79.3\] +\|", compressed)
     assert "self_information" not in readme.split("(`tab:retention_comparison`)")[1].split("\n## ")[0]
     longbench = readme.split("(`tab:longbench`)")[1].split("\n## ")[0]
     assert re.search(r"\| fictional_document \| memdefrag_top2 \| 50.0 \[0.0, 100.0\] +\| 75.0 \[50.0, 100.0\] +\| "
@@ -107,11 +107,12 @@ def test_memoryllm_runs_get_their_table_and_only_the_released_checkpoint_joins_t
     readme = write(tmp_path).read_text()
     real = readme.split("(`tab:defrag_memoryllm_mplus`)")[1].split("\n## ")[0]
     assert "M+-8B, MemoryLLM-8B with and without defragmentation (layer, query mode: 13 last)" in readme
-    assert re.search(r"\| nqa +\| 10 +\| +0 \| +100 \| +0 \| +100 \|", real) and "Plumbing" not in real
+    none, every = r"0.0 \[0.0, 79.3\] +", r"100.0 \[20.7, 100.0\] +"      # one question each, Wilson intervals
+    assert re.search(rf"\| nqa +\| 10 +\| {none}\| {every}\| {none}\| {every}\|", real) and "Plumbing" not in real
     plumbing = readme.split("(`tab:defrag_memoryllm_mplus_memoryllm_tiny_random`)")[1].split("\n## ")[0]
     assert "**Plumbing only**: `/tmp/memoryllm_tiny` is not a released checkpoint" in plumbing
     comparison = readme.split("(`tab:retention_comparison`)")[1].split("\n## ")[0]
-    assert "memoryllm" in comparison and "mplus" in comparison and "defrag" not in comparison
+    assert "memoryllm" in comparison and "mplus" in comparison and "_defrag" not in comparison
     assert "tiny" not in comparison
     runtime = readme.split("(`tab:runtime`)")[1].split("\n## ")[0]
     assert re.search(r"\| +memoryllm +\| +mplus +\| +vanilla\+informativeness +\|", runtime)    # named by label alone

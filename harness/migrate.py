@@ -1,0 +1,98 @@
+"""`memdefrag migrate RESULTS_DIR`: every run folder below brought to the current record format, so that one
+report reads them all alike.
+
+- config.yaml: every setting added since the run was written, at the value it then had (harness.results.as_of_now),
+  so that no table splits a method's column on a setting that older runs did not record;
+- predictions.jsonl: each record annotated by the record hooks of this version (RECORD_HOOKS), groups.jsonl's
+  hashes following;
+- metrics.csv: the task's metrics of the finished groups' records as this version computes them (intervals
+  included).
+
+Nothing is guessed and no answer changes: a migrated folder reads as the same run, and migrating twice changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from harness.errors import ConfigError, OneLineParser
+from harness.plugins import build
+from harness.results import as_of_now, atomic_write, digest, metrics_table, read_config, read_jsonl, read_lines
+from harness.summary import run_folders
+
+# Functions (config, records) -> records that annotate the records of an older run with a field this version
+# writes; each returns the records unchanged where it has nothing to add.
+RECORD_HOOKS: list[Callable[[dict, list[dict]], list[dict]]] = []
+
+
+def finished(folder: Path, records: list[dict]) -> list[dict]:
+    """The records of the groups groups.jsonl says finished (all of them where a folder has no groups.jsonl)."""
+    path = folder / "groups.jsonl"
+    if not path.is_file():
+        return records
+    done = {entry.get("group") for entry in read_jsonl(path)}
+    return [r for r in records if r.get("group") in done]
+
+
+def migrate_records(folder: Path, config: dict) -> bool:
+    """Annotate predictions.jsonl with RECORD_HOOKS and rehash groups.jsonl; True where anything changed."""
+    lines = read_lines(folder / "predictions.jsonl")
+    records = [record for _, record in lines]
+    for hook in RECORD_HOOKS:
+        records = hook(config, records)
+    written = [json.dumps(record) for record in records]
+    if written == [line for line, _ in lines]:
+        return False
+    atomic_write(folder / "predictions.jsonl", "".join(line + "\n" for line in written))
+    groups = folder / "groups.jsonl"
+    if groups.is_file():
+        by_group: dict = {}
+        for line, record in zip(written, records):
+            by_group.setdefault(record.get("group"), []).append(line)
+        entries = [{**entry, "records": len(by_group.get(entry["group"], [])),
+                    "sha256": digest(by_group.get(entry["group"], []))} for entry in read_jsonl(groups)]
+        atomic_write(groups, "".join(json.dumps(entry) + "\n" for entry in entries))
+    return True
+
+
+def migrate(folder: Path) -> list[str]:
+    """Bring one run folder to the current format; returns the files it rewrote."""
+    config = OmegaConf.to_container(read_config(folder))
+    now = as_of_now(config)
+    changed = []
+    if now != config:
+        atomic_write(folder / "config.yaml", OmegaConf.to_yaml(now))
+        changed.append("config.yaml")
+    if migrate_records(folder, now):
+        changed.append("predictions.jsonl")
+    metrics_file = folder / "metrics.csv"
+    records = finished(folder, read_jsonl(folder / "predictions.jsonl"))
+    if metrics_file.is_file() and records:
+        task = build(OmegaConf.create(now["task"]), "task")
+        text = metrics_table(task, records, now["method"]["label"]).to_csv(index=False)
+        if text != metrics_file.read_text():
+            atomic_write(metrics_file, text)
+            changed.append("metrics.csv")
+    return changed
+
+
+def migrate_all(root: Path) -> dict[Path, list[str]]:
+    """Every run folder below `root` migrated; {folder: files rewritten} of those that changed."""
+    if not root.is_dir():
+        raise ConfigError(f"{root}: no such folder (give the folder that holds the result folders)")
+    return {folder: changed for folder in run_folders(root) if (changed := migrate(folder))}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = OneLineParser(prog="memdefrag migrate", description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="?", default="results")
+    root = Path(parser.parse_args(argv).results)
+    changed = migrate_all(root)
+    for folder, files in changed.items():
+        print(f"migrated: {folder} ({', '.join(files)})")
+    print(f"{len(changed)} of {len(run_folders(root))} run folders migrated")
