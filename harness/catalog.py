@@ -101,6 +101,18 @@ def experiment_rows() -> list[list[str]]:
     return rows
 
 
+def run_rows() -> list[list[str]]:
+    """[option, default, what it is] for every top-level option of conf/config.yaml, from its line comments."""
+    rows = []
+    for line in (CONF / "config.yaml").read_text().splitlines():
+        option = re.match(r"^(\w+):\s*([^#]*?)\s*(?:#\s*(.*))?$", line)
+        if option and option.group(1) not in ("defaults", "hydra"):
+            rows.append([f"`{option.group(1)}`", option.group(2), option.group(3) or ""])
+        elif rows and re.match(r"^\s+#", line):               # a comment continued on the next line
+            rows[-1][2] += " " + line.strip().lstrip("# ")
+    return [[text.replace("|", "\\|") for text in row] for row in rows]
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
                       *("| " + " | ".join(row) + " |" for row in rows)])
@@ -112,6 +124,7 @@ def markdown() -> str:
     for group in PLUGIN_GROUPS:
         parts += [f"#### `{group}`", table([f"`{group}=`", "class", "what it is", "options (defaults)"],
                                            plugin_rows(group))]
+    parts += ["#### The run's own options", table(["option", "default", "what it is"], run_rows())]
     parts += ["#### `model`", table(["`model=`", "source", "tracer layer, query mode", "prompt", "dtype",
                                      "what it is"], model_rows())]
     parts += ["#### `experiment`", table(["`experiment=`", "what it makes", "sweeps"], experiment_rows())]
@@ -134,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         print(markdown())
         return
     text = args.write.read_text() if args.write.is_file() else ""
-    old = section(text)
-    args.write.write_text(text.replace(f"{BEGIN}\n{old}\n{END}", f"{BEGIN}\n{markdown()}\n{END}", 1))
+    section(text)                                                   # refuses a document without the markers
+    before, rest = text.split(BEGIN, 1)
+    args.write.write_text(f"{before}{BEGIN}\n{markdown()}\n{END}{rest.split(END, 1)[1]}")
     print(f"written: {args.write}")
