@@ -46,7 +46,7 @@ PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").
 BLOCK = re.compile(r"(?:<!-- (file|doc-test): (.*?) -->\n)?```(bash|python|yaml)\n(.*?)```", re.DOTALL)
 EXTERNAL = {"pip", "wandb", "git", "sbatch", "srun", "squeue", "sinfo", "scancel", "sacct", "scontrol",
             "nvidia-smi", "ssh", "scp", "rsync", "cd", "export", "source", "ls", "cat", "tar"}
-SUBCOMMANDS = {"compare", "report", "collect", "merge", "cache", "plugins"}
+SUBCOMMANDS = {"compare", "report", "migrate", "collect", "merge", "cache", "plugins"}
 STAND_INS = {"memoryllm_8b": "tiny_memoryllm", "mplus_8b": "tiny_mplus"}
 SHRUNK = {"fragments": 3, "questions": 1, "max_context_tokens": 200}
 
@@ -275,3 +275,14 @@ def test_the_committed_plugin_table_is_the_generated_one():
     committed = section((ROOT / "docs" / "methods-and-tasks.md").read_text())
     assert committed == markdown(), "docs/methods-and-tasks.md is stale: memdefrag plugins --write " \
                                     "docs/methods-and-tasks.md"
+
+
+@pytest.mark.parametrize("line", ["memdefrag method=memdefrag method.kk=2", "memdefrag method=no_such_method",
+                                  "memdefrag-bench --no-such-flag", "memdefrag compare A B --no-such-flag",
+                                  "python -m harness.summary out --no-such-flag", "make no-such-target",
+                                  "pytest -m no_such_marker", "frobnicate --now"])
+def test_a_documented_command_or_option_that_no_longer_exists_fails(line, request, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (words, comment), = command_lines(line)
+    with pytest.raises((AssertionError, SystemExit)):
+        Page(request, tmp_path).shell(words, comment, [])
