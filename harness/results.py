@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import functools
 import hashlib
 import json
 import os
@@ -244,18 +243,10 @@ LATER_PLUGIN_SETTINGS = {                  # the same for a plugin's options, by
     "evals.locomo.LoCoMo": {"trace_layers": False},
     "evals.probe.Probe": {"one_position_per_group": False},
 }
-# A model's settings added since, at its conf/model file's value: its prompt style and trust_remote_code have
-# not changed since, and its memory_capacity (N_max) only acts under forgetting, which runs that predate it lack.
-LATER_MODEL_SETTINGS = ("prompt", "trust_remote_code", "memory_capacity")
-MODELS = Path(__file__).resolve().parents[1] / "conf" / "model"
-
-
-@functools.cache
-def model_file(name: str) -> dict:
-    """The later settings a model's conf/model/<name>.yaml gives ({} for a model without such a file)."""
-    path = MODELS / f"{name}.yaml"
-    found = (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
-    return {key: found[key] for key in LATER_MODEL_SETTINGS if key in found}
+# A model's settings added since, at the value they had: the chat prompt, no remote code, and the paper's N_max
+# of 12800 memory tokens that every named model's file gave when it was added (it acts only under forgetting,
+# which the runs that predate it lack).
+LATER_MODEL_SETTINGS = {"prompt": "chat", "trust_remote_code": False, "memory_capacity": 12800}
 
 
 def as_of_now(config: dict) -> dict:
@@ -263,7 +254,7 @@ def as_of_now(config: dict) -> dict:
     out = {group: filled(node, LATER_PLUGIN_SETTINGS.get(node.get("_target_"), {})) if isinstance(node, dict)
            else node for group, node in filled(config, LATER_SETTINGS).items()}
     if isinstance(out.get("model"), dict):
-        out["model"] = filled(out["model"], model_file(str(out["model"].get("name"))))
+        out["model"] = filled(out["model"], LATER_MODEL_SETTINGS)
     return out
 
 

@@ -1,0 +1,98 @@
+"""`memdefrag migrate` and the report's one-line refusals: older run folders read as this version writes them, a
+column never split on a setting only some runs recorded, a task's own tables found without editing the report."""
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from harness.errors import ConfigError
+from harness.migrate import migrate_all
+from harness.report import write
+from tests.test_report import fake_run
+
+STEPS = [{"group": g, "step": s, "correct": g == 0, "target_rank": 1, "memory_tokens": 10 * s, "seconds": {"trace": 1}}
+         for g in (0, 1) for s in (1, 5)]
+
+
+def old_run(folder, method="vanilla", **config):
+    """A run folder as an early version wrote it: no forgetting, no memory_capacity, metrics without intervals."""
+    fake_run(folder, "Retention", method, STEPS, **config)
+    written = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"))
+    del written["forgetting"], written["compression"], written["study"]
+    (folder / "config.yaml").write_text(OmegaConf.to_yaml(written))
+    pd.DataFrame({"method": [method] * 2, "step": [1, 5], "accuracy": [0.5, 0.5], "n": [2, 2]}).to_csv(
+        folder / "metrics.csv", index=False)
+
+
+def test_an_old_run_gets_the_settings_it_had_and_its_intervals_and_a_second_migration_changes_nothing(tmp_path):
+    old_run(tmp_path / "r" / "vanilla")
+    fake_run(tmp_path / "r" / "text", "Retention", "text", STEPS)
+    assert migrate_all(tmp_path) == {tmp_path / "r" / "vanilla": ["config.yaml", "metrics.csv"],
+                                     tmp_path / "r" / "text": ["config.yaml"]}
+    config = OmegaConf.load(tmp_path / "r" / "vanilla" / "config.yaml")
+    assert config.model.memory_capacity == 12800 and config.model.prompt == "chat"    # what every model had then
+    assert config.forgetting.label == "unbounded" and config.compression.label == "none" and config.study is None
+    metrics = pd.read_csv(tmp_path / "r" / "vanilla" / "metrics.csv")
+    assert list(metrics["accuracy"]) == [0.5, 0.5] and metrics["accuracy_low"].between(0, 0.5).all()
+    assert migrate_all(tmp_path) == {}
+
+
+def test_the_committed_results_need_no_migration(tmp_path):
+    """Every committed run folder is in the current format: the report reads them all alike."""
+    from pathlib import Path
+    import shutil
+
+    results = shutil.copytree(Path(__file__).resolve().parents[1] / "results", tmp_path / "results",
+                              ignore=shutil.ignore_patterns("figures", "tables", "*.md"))
+    assert [str(f.relative_to(results)) for f in migrate_all(results)] == []
+
+
+def test_the_report_refuses_a_column_split_on_a_setting_only_some_runs_recorded(tmp_path):
+    fake_run(tmp_path / "a", "Retention", "vanilla", STEPS, model={"name": "smollm2", "rope_scale": 2})
+    fake_run(tmp_path / "b", "Retention", "vanilla", [{**r, "group": r["group"] + 2} for r in STEPS])
+    with pytest.raises(ConfigError, match=r"^tab:retention: column vanilla would split on model.rope_scale, which "
+                                          r".*/a records and .*/b does not: run `memdefrag migrate`"):
+        write(tmp_path)
+
+
+def test_the_same_method_is_one_column_where_a_setting_differs_only_between_datasets(tmp_path):
+    for dataset, capacity in (("nqa", 12800), ("synthetic", 3200)):
+        fake_run(tmp_path / dataset, "Retention", "memdefrag_top2", STEPS, "informativeness", dataset=dataset,
+                 model={"name": "smollm2", "memory_capacity": capacity})
+    table = write(tmp_path).read_text().split("(`tab:retention_comparison`)")[1].split("\n## ")[0]
+    assert "| memdefrag_top2+informativeness |" in table.replace("  ", "") and "memory_capacity" not in table
+
+
+class Passkey:
+    """A task of this test's own: its class declares its table, and the report shows it unedited."""
+
+    tables = {"tab:passkey": "Passkey retrieval, accuracy (%)"}
+
+    def __init__(self, dataset: str = "passkey"):
+        self.dataset = dataset
+
+    def metrics(self, records):
+        return pd.DataFrame({"accuracy": [100 * sum(r["correct"] for r in records) / len(records)]})
+
+
+def test_a_task_declares_its_own_table(tmp_path):
+    fake_run(tmp_path / "p", "Retention", "vanilla", [{"group": 0, "correct": True}])
+    config = OmegaConf.load(tmp_path / "p" / "config.yaml")
+    config.task = {"_target_": f"{__name__}.Passkey", "dataset": "passkey"}
+    (tmp_path / "p" / "config.yaml").write_text(OmegaConf.to_yaml(config))
+    (tmp_path / "p" / "metrics.csv").write_text("method,accuracy\nvanilla,0\n")    # as an older version wrote it
+    section = write(tmp_path).read_text().split("## Passkey retrieval, accuracy (%) (`tab:passkey`)")[1]
+    assert "Command: `memdefrag task=passkey`" in section
+    assert "| vanilla  |        100 | smollm2 | passkey   |" in section.split("\n## ")[0]     # migrated: recomputed
+
+
+def test_migrate_is_a_command_of_its_own(tmp_path):
+    old_run(tmp_path / "r" / "vanilla")
+    done = subprocess.run([sys.executable, "-m", "harness", "migrate", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.endswith("1 of 1 run folders migrated\n")
+    missing = subprocess.run([sys.executable, "-m", "harness", "migrate", str(tmp_path / "none")],
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no such folder" in missing.stderr
