@@ -103,6 +103,7 @@ class RunSchema:
     memory_on: Residence = Residence.model
     prompt: PromptStyle = SI("${model.prompt}")
     max_new_tokens: int = 32
+    allow_beyond_window: bool = False       # methods/window.py: reads past the trained window run, labelled
     threads: Optional[int] = None
     seed: int = 0
     shard: Optional[str] = None

@@ -27,6 +27,7 @@ from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.prompting import format_prompt
 from methods.session import Session
+from methods.window import Window, WindowError, check_capacity, trained_window, window_summary
 
 log = logging.getLogger(__name__)
 BACKENDS = {"fast": KVPrefixBackend, "hidden_prefix": HiddenPrefixBackend}
@@ -86,7 +87,7 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
                           f"(retention, distortion, longbench)")
     task.check()
     task.check_model(model_config, tokenizer)
-    positions = getattr(model_config.get_text_config(), "max_position_embeddings", None)
+    positions = trained_window(model_config)
     if positions is not None and cfg.max_new_tokens >= positions:
         raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} must be smaller than the model's "
                           f"{positions} positions (model {spec.name}), which also hold the memory and the prompt")
@@ -113,6 +114,11 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
         if longest > forgetting.capacity:
             raise ConfigError(f"forgetting.capacity={forgetting.capacity} is smaller than a fragment of this task "
                               f"({longest} tokens): raise model.memory_capacity or lower task.max_context_tokens")
+    try:
+        check_capacity(model_config, forgetting.capacity, len(format_prompt(tokenizer, "", cfg.prompt)),
+                       cfg.max_new_tokens, cfg.allow_beyond_window, spec.name)
+    except WindowError as err:
+        raise ConfigError(str(err)) from None
     return spec, method, task, forgetting, compressor, groups
 
 
@@ -173,6 +179,7 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
     label = cfg.method.label
     formed = formed_fragments(spec)
     compressed: list[dict] = []
+    window = Window(trained_window(model.config), cfg.allow_beyond_window, spec.name)
     if folder.done:
         log.info("resuming %s: %d of %d groups already finished", run_dir, len(folder.done), len(groups))
     if folder.rerun:
@@ -182,14 +189,15 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
                       initial=len(folder.done), total=len(groups)):
         session = Session(model, tokenizer, backend, method.for_group(group.index), cfg.formation, cfg.prompt,
                           cfg.max_new_tokens, reuse=formed, forgetting=forgetting.for_group(group.index),
-                          compressor=compressor, memory_on=cfg.memory_on)
+                          compressor=compressor, memory_on=cfg.memory_on, window=window)
         start, answered = time.perf_counter(), []
         try:
-            for record in task.run_group(session, group):
-                record.update(method=label, forgetting=cfg.forgetting.label)
-                folder.add(record)
-                answered.append(record)
-        except CapacityError as err:
+            with window.watching(model):
+                for record in task.run_group(session, group):
+                    record.update(method=label, forgetting=cfg.forgetting.label, beyond_window=window.take())
+                    folder.add(record)
+                    answered.append(record)
+        except (CapacityError, WindowError) as err:
             raise ConfigError(f"group {group.index}: {err} (finished groups are kept in {run_dir})") from None
         folder.end_group(group.index, time.perf_counter() - start)
         logger.log_group(answered, lambda: metrics_table(task, folder.records, label), len(folder.done))
@@ -201,6 +209,7 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
             "backend": cfg.backend, "compression": compression_summary(compressor, compressed),
             "task": task.describe(),
             "formation": cfg.formation, "prompt": cfg.prompt, "groups": len(groups), "threads": torch.get_num_threads(),
+            "window": window_summary(window.limit, cfg.allow_beyond_window, records),
             "seconds": {"total": sum(group_seconds), "per_group": sum(group_seconds) / len(groups),
                         "phases": phase_totals(records)},
             "peak_memory": peak_memory_mb()}

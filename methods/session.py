@@ -18,6 +18,7 @@ from methods.generation import clock, greedy, stop_ids
 from methods.memory import LatentMemory
 from methods.prompting import format_prompt, prompt_header, prompt_template, token_ids
 from methods.backends.text_prefix import TextPrefix
+from methods.window import Window
 
 UPDATE_PHASES = ("compression", "formation", "forgetting", "index")  # a store's seconds (index: a ranker's own)
 
@@ -39,8 +40,10 @@ class Session:
     def __init__(self, model, tokenizer, backend, method: Method, formation: str, prompt: str,
                  max_new_tokens: int = 32, reuse: dict | None = None,
                  forgetting: Forgetting | NoForgetting | None = None, compressor: Compression | None = None,
-                 memory_on: str = "model"):
+                 memory_on: str = "model", window: Window | None = None):
+        """window: what counts the positions of every read against the model's (none: nothing counts)."""
         self.model, self.tokenizer, self.backend, self.method = model, tokenizer, backend, method
+        self.window = window or Window(None)
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
         self.compressor = compressor or NoCompression()
         self.compressed: list[dict] = []    # per stored fragment under compression: tokens before and after
@@ -119,7 +122,7 @@ class Session:
         plan = self.method.plan(self.memory, prompt_ids, self.backend, Question(question, frozenset(targets)))
         t1 = clock(device)
         latent = plan.latent
-        with plan.reading.attention(self.model, latent):
+        with plan.reading.attention(self.model, latent), self.window.answering(max_new_tokens):
             if latent is not None:
                 logits, cache, position = self.backend.prefill(latent, prompt_ids, room=max_new_tokens,
                                                                logits_to_keep=1, reading=plan.reading)
@@ -131,6 +134,7 @@ class Session:
                 logits, cache, position = self.text.prefill(text_ids, prompt_ids)
                 memory_tokens = len(text_ids)
             t2 = clock(device)
+            self.window.decode()
             new_ids = greedy(self.model, logits, cache, position, max_new_tokens, self.stop)
             t3 = clock(device)
         recomputed = float(memory_tokens) if latent is None else \

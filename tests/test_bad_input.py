@@ -167,6 +167,16 @@ CASES = [
     (["method=memdefrag_top2", "method.tracer_layer=-5"], "method.tracer_layer=-5 is out of range"),
     (["max_new_tokens=100000"], "max_new_tokens=100000 must be smaller than the model's 8192 positions"),
     (["prompt=plain", "max_new_tokens=8192"], "max_new_tokens=8192 must be smaller than the model's 8192 positions"),
+    (["forgetting=informativeness", "model.memory_capacity=12800"], "model.memory_capacity=12800: a full memory's "
+     "read (sink 1 + 12800 + prompt 30 + answer budget 32 - 1) takes 12862 positions, 4670 past model smollm2's "
+     "trained window of 8192: set model.memory_capacity<=8130, or allow_beyond_window=true to study reads beyond it"),
+    (["forgetting=random", "prompt=plain", "max_new_tokens=400", "model.memory_capacity=7800"],
+     "model.memory_capacity=7800: a full memory's read (sink 1 + 7800 + prompt 3 + answer budget 400 - 1) takes 8203 "
+     "positions, 11 past model smollm2's trained window of 8192: set model.memory_capacity<=7789"),
+    (["model=gemma3_270m", "forgetting=random", "model.memory_capacity=32768"], "model.memory_capacity=32768: a full "
+     "memory's read (sink 1 + 32768 + prompt 3 + answer budget 32 - 1) takes 32803 positions, 35 past model "
+     "gemma3_270m's trained window of 32768"),
+    (["allow_beyond_window=maybe"], "allow_beyond_window: Value 'maybe' is not a valid bool"),
     (["task.groups=2", "shard=3/4"], "shard=3/4 selects none of the 2 groups: split them into at most 2 shards"),
     (["shard=0/0"], "shard='0/0' must be 'i/n' with 0 <= i < n"),
     (["shard=1/1"], "shard='1/1' must be 'i/n'"),

@@ -1,0 +1,154 @@
+"""The model's trained window, and the positions every read takes against it.
+
+A read is one forward that places tokens at positions: a memory read as a prefix (the sink, the memory's
+tokens, then the prompt; the fast backend places them, the hidden-prefix backend recomputes them), the same
+fragments as plain text before the prompt, a trace of the prompt's attention over the memory, and the answer,
+whose budget of `max_new_tokens` takes the positions after the prompt (the last generated token is never read
+back: a read with prefix P, prompt p and budget b feeds positions 0 .. P + p + b - 2, so it takes
+P + p + b - 1 of them). `Window` watches the positions every forward of the decoder is given, so every read
+of every method and backend is counted where it happens, not recomputed beside it.
+
+The trained window is the number of positions the model's configuration says it was trained on:
+`max_position_embeddings` (or the family's own field), or, where its rotary embedding is scaled to a longer
+context with a stated pretraining length (yarn, longrope, llama3: `factor` x `original_max_position_embeddings`),
+the longer of the two; a linear or dynamic scaling with no stated pretraining length extends nothing
+(Gemma-3's global layers: `max_position_embeddings` is already the scaled window). A sliding-window layer
+(Mistral's, Gemma-2/3's local layers) attends to the last `sliding_window` keys only, but at the same absolute
+positions: it shortens what a layer sees, not the window, so it changes nothing here.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from methods.attention.decoder import cache_keyword
+
+SCALED = ("yarn", "longrope", "llama3")       # RoPE types that extend a stated pretraining length by `factor`
+DECLARED = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
+WAYS_OUT = "lower model.memory_capacity, or set allow_beyond_window=true to study reads beyond it deliberately"
+
+
+class WindowError(ValueError):
+    """A read would take more positions than the model's trained window (one line, the numbers, the ways out)."""
+
+
+def trained_window(config) -> int | None:
+    """The positions the model's config says it was trained on (see the module docstring); None where it
+    declares none (ALiBi models, say)."""
+    text = config.get_text_config()
+    declared = next((int(getattr(text, f)) for f in DECLARED if getattr(text, f, None)), None)
+    scaled = [int(p["factor"] * p["original_max_position_embeddings"]) for p in rope_settings(text)
+              if p.get("rope_type", p.get("type")) in SCALED and p.get("factor")
+              and p.get("original_max_position_embeddings")]
+    return max([*scaled, *([] if declared is None else [declared])], default=None)
+
+
+def rope_settings(text_config) -> list[dict]:
+    """The rotary settings of a text config: one dict, or one per layer type (Gemma-3's local and global)."""
+    rope = getattr(text_config, "rope_parameters", None) or getattr(text_config, "rope_scaling", None) or {}
+    nested = bool(rope) and all(isinstance(v, dict) or v is None for v in rope.values())
+    return [p for p in (rope.values() if nested else [rope]) if p]
+
+
+def positions(prefix: int, prompt: int, budget: int) -> int:
+    """The positions a read takes: `prefix` (sink and memory, or text) before a `prompt`, then an answer of at
+    most `budget` tokens (its last one is never read back)."""
+    return prefix + prompt + max(budget - 1, 0)
+
+
+def refusal(needed: int, window: int, model: str, what: str) -> str:
+    """The one line that refuses a read past the window."""
+    return (f"{what} takes {needed} positions, {needed - window} past model {model}'s trained window of {window}: "
+            f"{WAYS_OUT}")
+
+
+class Window:
+    """The positions a run's reads take against the model's trained window `limit` (None: no limit).
+
+    A read past it raises WindowError unless `allow` (then `beyond` keeps, for the record being read, how
+    many positions past the window its longest read went: 0 inside)."""
+
+    def __init__(self, limit: int | None, allow: bool = False, model: str = "the model"):
+        self.limit, self.allow, self.model = limit, allow, model
+        self.reserve = 0                # positions after a forward's own that its answer takes (see answering)
+        self.decoding = False           # inside `answering`'s decoding: one-token steps it already counted
+        self.beyond = 0
+
+    def check(self, needed: int, what: str = "a read") -> None:
+        """Count a read of `needed` positions: refused past the window unless allowed."""
+        past = 0 if self.limit is None else needed - self.limit
+        if past > 0 and not self.allow:
+            raise WindowError(refusal(needed, self.limit, self.model, what))
+        self.beyond = max(self.beyond, past)
+
+    def take(self) -> int:
+        """Positions past the window of the longest read since the last take (0 inside), for one record."""
+        beyond, self.beyond = self.beyond, 0
+        return beyond
+
+    @contextmanager
+    def answering(self, budget: int):
+        """The forwards inside read a prompt an answer of `budget` tokens follows: each counts the positions of
+        the answer after its own; the steps inside `decoding` are the answer's, counted already."""
+        self.reserve = max(budget - 1, 0)
+        try:
+            yield
+        finally:
+            self.reserve, self.decoding = 0, False
+
+    def decode(self) -> None:
+        """The answer's decoding starts (inside `answering`): its steps take the positions counted for it."""
+        self.decoding = self.reserve > 0
+
+    @contextmanager
+    def watching(self, model):
+        """Check every forward of the model's decoder while inside (hook removed in `finally`)."""
+
+        def hook(module, args, kwargs):
+            if self.decoding:                               # the answer's steps, counted with its prefill
+                return
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            tokens = (ids if ids is not None else kwargs["inputs_embeds"]).shape[1]
+            given = kwargs.get("position_ids")
+            if given is not None:
+                last = int(given.max()) + 1
+            else:
+                cache = kwargs.get(cache_keyword(module))
+                last = (0 if cache is None else cache.get_seq_length()) + tokens
+            self.check(positions(last, 0, self.reserve + 1), "a read with the answer's budget" if self.reserve
+                       else "a read")
+
+        handle = model.get_decoder().register_forward_pre_hook(hook, with_kwargs=True)
+        try:
+            yield self
+        finally:
+            handle.remove()
+
+
+def window_summary(limit: int | None, allow: bool, records: list[dict]) -> dict:
+    """For run.json: the trained window, whether reads past it were allowed, how many records read past it and
+    the most positions past it any of them read."""
+    past = [r.get("beyond_window", 0) for r in records]
+    return {"trained": limit, "allow_beyond": allow, "records_beyond": sum(p > 0 for p in past),
+            "most_beyond": max(past, default=0)}
+
+
+def capacity_positions(capacity: int, prompt: int, budget: int) -> int:
+    """The positions a read of a full memory of `capacity` tokens takes behind its one-token sink, with the
+    shortest prompt of the run's style (the question empty) and the run's answer budget."""
+    return positions(1 + capacity, prompt, budget)
+
+
+def check_capacity(config, capacity: int | None, prompt: int, budget: int, allow: bool, model: str) -> None:
+    """Before any weights load: refuse a memory capacity whose full read cannot fit the trained window beside
+    the prompt and the answer, whatever the data (WindowError)."""
+    window = trained_window(config)
+    if capacity is None or window is None or allow:
+        return
+    needed = capacity_positions(capacity, prompt, budget)
+    if needed > window:
+        fits = capacity - (needed - window)
+        raise WindowError(f"model.memory_capacity={capacity}: a full memory's read (sink 1 + {capacity} + prompt "
+                          f"{prompt} + answer budget {budget} - 1) takes {needed} positions, {needed - window} past "
+                          f"model {model}'s trained window of {window}: set model.memory_capacity<={fits}, or "
+                          f"allow_beyond_window=true to study reads beyond it deliberately")

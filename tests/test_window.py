@@ -1,0 +1,163 @@
+"""The trained window: what a config declares, the positions every read takes against it, the refusal and the
+labelled opt-in."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config
+
+from harness.errors import ConfigError
+from harness.runner import run
+from methods.backends.hidden_prefix import HiddenPrefixBackend
+from methods.backends.kv_prefix import KVPrefixBackend
+from methods.baselines import NoMemory, TextMemory, Vanilla
+from methods.formation import Formation
+from methods.memdefrag import MemDefrag
+from methods.peers.ape import APE
+from methods.session import Session
+from methods.window import Window, WindowError, trained_window, window_summary
+from tests.conftest import COMMON, FAMILIES, FRAGMENTS
+from tests.conftest import save_tiny_checkpoint, tiny_model, tiny_run_config
+
+BACKENDS = {"fast": KVPrefixBackend, "hidden_prefix": HiddenPrefixBackend}
+
+WINDOWS = [   # (config, its trained window)
+    (LlamaConfig(**COMMON), 512),
+    (FAMILIES["llama31"](), 512),                 # llama3 scaling: 8 x its pretraining 32 = 256, below the declared
+    (Qwen2Config(**COMMON, rope_parameters=dict(rope_type="yarn", rope_theta=1e6, factor=4.0,
+                                                original_max_position_embeddings=512)), 2048),   # yarn: 4 x 512
+    (FAMILIES["gemma3"](), 512),                  # linear scaling on its global layers: the declared window already
+    (FAMILIES["gemma2"](), 512),                  # sliding layers (12 keys) at the same 512 positions
+    (MistralConfig(**COMMON, sliding_window=12), 512),
+    (Phi3Config(**COMMON, rope_parameters=dict(rope_type="longrope", rope_theta=1e4, short_factor=[1.0] * 8,
+                                               long_factor=[2.0] * 8, original_max_position_embeddings=128)), 512),
+    (GPT2Config(n_positions=300, n_embd=64, n_layer=2, n_head=4), 300),     # the family's own field
+]
+
+
+@pytest.mark.parametrize("config, window", WINDOWS, ids=[f"{type(c).__name__}-{w}" for c, w in WINDOWS])
+def test_the_trained_window_is_what_the_config_declares_scaled_only_where_a_pretraining_length_is_stated(config,
+                                                                                                          window):
+    assert trained_window(config) == window
+
+
+def fed_positions(model):
+    """A hook on the decoder: the highest position id it is given, plus one, over every forward."""
+    seen = []
+
+    def hook(module, args, kwargs):
+        if kwargs.get("position_ids") is not None:             # a read (a fragment's formation starts at 0)
+            seen.append(int(kwargs["position_ids"].max()) + 1)
+    return seen, model.get_decoder().register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def answered(model, tokenizer, backend, method, formation, window, budget=5):
+    """The answer of one question over FRAGMENTS, read under `window`, decoding the whole budget."""
+    session = Session(model, tokenizer, BACKENDS[backend](model), method, formation, "plain", budget, window=window)
+    session.stop = set()
+    for text in FRAGMENTS:
+        session.store(text)
+    with window.watching(model):
+        return session.ask("where did the cat sit?")
+
+
+READS = [(family, backend, formation) for family in ("llama", "gemma2") for backend in BACKENDS
+         for formation in Formation] + [("llama", "fast", "text"), ("gemma2", "fast", "text"), ("llama", "fast", "none")]
+
+
+@pytest.mark.parametrize("family, backend, formation", READS, ids=["-".join(r) for r in READS])
+def test_a_read_takes_the_positions_it_is_given_and_past_the_window_is_refused_or_counted(family, backend,
+                                                                                        formation, tokenizer):
+    """Sink and memory (or text), prompt and answer budget: the count the window checks is the positions the
+    decoder is given, on a sliding-window family (gemma2) too."""
+    model = tiny_model(family)
+    method = {"text": TextMemory(), "none": NoMemory()}.get(formation, Vanilla())
+    formation = formation if formation in Formation.__members__ else "shared_sink"
+    seen, handle = fed_positions(model)
+    answer = answered(model, tokenizer, backend, method, formation, Window(None))
+    handle.remove()
+    used = max(seen)
+    assert used == answer.memory_tokens + answer.prompt_tokens + 5 - 1      # the record's used_tokens, prompt, budget
+    inside = Window(used)
+    answered(model, tokenizer, backend, method, formation, inside)
+    assert inside.take() == 0
+    with pytest.raises(WindowError, match=f"a read with the answer's budget takes {used} positions, 1 past model "
+                                          f"the model's trained window of {used - 1}: lower model.memory_capacity, "
+                                          f"or set allow_beyond_window=true"):
+        answered(model, tokenizer, backend, method, formation, Window(used - 1))
+    allowed = Window(used - 7, allow=True)
+    answered(model, tokenizer, backend, method, formation, allowed)
+    assert allowed.take() == 7 and allowed.take() == 0
+
+
+def test_a_parallel_read_takes_the_longest_fragment_s_positions_not_the_memory_s(llama, tokenizer):
+    """APE places every fragment after the sink: the window counts the positions it is given, fewer than the
+    memory it reads."""
+    seen, handle = fed_positions(llama)
+    answer = answered(llama, tokenizer, "fast", APE(), "shared_sink", Window(None))
+    handle.remove()
+    assert max(seen) < answer.memory_tokens + answer.prompt_tokens + 5 - 1
+    allowed = Window(max(seen) - 3, allow=True)
+    answered(llama, tokenizer, "fast", APE(), "shared_sink", allowed)
+    assert allowed.take() == 3
+
+
+def test_a_trace_over_the_whole_memory_counts_though_the_answer_reads_one_fragment(llama, tokenizer):
+    """MemDefrag's Top-1 answer fits, its trace over every fragment does not: the trace is a read too."""
+    method = MemDefrag(1, 1, "mean")
+    seen, handle = fed_positions(llama)
+    answer = answered(llama, tokenizer, "fast", method, "shared_sink", Window(None))
+    handle.remove()
+    answer_read = answer.memory_tokens + answer.prompt_tokens + 5 - 1
+    assert max(seen) > answer_read
+    with pytest.raises(WindowError, match=f"a read takes {max(seen)} positions"):
+        answered(llama, tokenizer, "fast", method, "shared_sink", Window(answer_read))
+
+
+def test_the_summary_counts_the_records_past_the_window():
+    records = [{"beyond_window": 0}, {"beyond_window": 12}, {"beyond_window": 3}, {}]
+    assert window_summary(100, True, records) == {"trained": 100, "allow_beyond": True, "records_beyond": 2,
+                                                  "most_beyond": 12}
+
+
+@pytest.fixture(scope="module")
+def short_window(tmp_path_factory):
+    """The tiny checkpoint with a trained window of 400 positions."""
+    folder = tmp_path_factory.mktemp("short_window")
+    save_tiny_checkpoint(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 400}))
+    return str(folder)
+
+
+SHORT = ("method=vanilla", "task.groups=2", "task.updates=3")
+
+
+def test_a_run_reading_past_the_window_is_refused_at_its_first_read_in_one_line(short_window, tmp_path):
+    with pytest.raises(ConfigError) as refused:
+        run(tiny_run_config(short_window, *SHORT), str(tmp_path / "run"))
+    line = str(refused.value)
+    assert "\n" not in line
+    assert line.startswith("group 0: a read with the answer's budget takes ")
+    assert "past model tiny_llama's trained window of 400: lower model.memory_capacity, or set " \
+           "allow_beyond_window=true to study reads beyond it deliberately" in line
+
+
+def test_a_capacity_that_cannot_fit_is_refused_before_weights_load(short_window, tmp_path, monkeypatch):
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(ConfigError, match=r"model.memory_capacity=390: a full memory's read \(sink 1 \+ 390 \+ "
+                                          r"prompt \d+ \+ answer budget 4 - 1\) takes \d+ positions"):
+        run(tiny_run_config(short_window, *SHORT, "forgetting=random", "model.memory_capacity=390"), str(tmp_path / "run"))
+
+
+def test_with_the_opt_in_every_record_says_how_far_past_and_run_json_counts_them(short_window, tmp_path):
+    run(tiny_run_config(short_window, *SHORT, "allow_beyond_window=true"), str(tmp_path / "run"))
+    records = [json.loads(line) for line in (tmp_path / "run" / "predictions.jsonl").read_text().splitlines()]
+    past = [r["beyond_window"] for r in records]
+    assert past[0] == 0 and max(past) > 0 and all(p >= 0 for p in past)
+    for r in records:           # a record's read: its memory and prompt, then the 4-token budget
+        assert r["beyond_window"] >= r["used_tokens"] - 400
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["window"] == {"trained": 400, "allow_beyond": True, "records_beyond": sum(p > 0 for p in past),
+                              "most_beyond": max(past)}
