@@ -1,6 +1,7 @@
 """Bad input at the command: a ConfigError (methods.errors) or a bad argument ends it with one line."""
 
 import argparse
+import os
 import sys
 from contextlib import contextmanager
 
@@ -9,10 +10,13 @@ from methods.errors import ConfigError
 
 @contextmanager
 def stops_on_config_error(prog: str):
-    """Bad input ends the command with one line on stderr and exit status 2, never a traceback."""
+    """Bad input ends the command with one line on stderr and exit status 2, never a traceback. Inside a
+    submitit job it is raised: the job ends failed and its launcher brings the line back (harness.slurm)."""
     try:
         yield
     except ConfigError as err:
+        if os.environ.get("SUBMITIT_EXECUTOR"):
+            raise
         print(f"{prog}: error: {err}", file=sys.stderr)
         sys.exit(2)
 

@@ -1,0 +1,14 @@
+"""memdefrag's hydra/launcher plugins (Hydra takes launchers only from the hydra_plugins package): the
+submitit launchers with harness.slurm's preflight, status lines and failure reports."""
+
+from hydra_plugins.hydra_submitit_launcher import submitit_launcher
+
+from harness.slurm import Slurm, Waiting
+
+
+class SlurmLauncher(Slurm, submitit_launcher.SlurmLauncher):
+    """hydra/launcher=slurm (conf/hydra/launcher/slurm.yaml)."""
+
+
+class LocalLauncher(Waiting, submitit_launcher.LocalLauncher):
+    """hydra/launcher=local (conf/hydra/launcher/local.yaml)."""

@@ -1,0 +1,237 @@
+"""Sweeps submitted to a real SLURM (tests/slurm/cluster.sh start: one node, partitions cpu and gpu, accounting):
+the same answers as without a launcher, resumed after a requeue and after a time limit with every line once, a
+job failing inside reported in one line after the others finished, a request SLURM cannot place refused before
+anything is submitted. Marked `slurm`: skipped where sbatch does not answer, except under CI (CI=true), where
+that is a failure. Runs are on the tiny checkpoint, on CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.results import read_jsonl
+from tests.conftest import tiny_overrides
+
+ON_CPU = ["hydra/launcher=slurm", "hydra.launcher.partition=cpu", "hydra.launcher.cpus_per_task=1",
+          "hydra.launcher.mem_gb=1"]
+RUN = "0_memdefrag_top2_unbounded_synthetic"
+
+
+def sbatch_answers() -> str | None:
+    """Why SLURM cannot take jobs here, or None when it can."""
+    try:
+        answer = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=15)
+    except FileNotFoundError:
+        return "no sinfo/sbatch on this machine (tests/slurm/cluster.sh start, as root, installs and starts one)"
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer in 15 s (tests/slurm/cluster.sh start)"
+    if answer.returncode or "cpu" not in answer.stdout.replace("*", "").split():
+        return f"SLURM does not answer with a partition cpu ({answer.stderr.strip() or answer.stdout.strip()})"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    why = sbatch_answers()
+    if why and os.environ.get("CI") == "true":
+        pytest.fail(f"SLURM did not start under CI: {why}")
+    if why:
+        pytest.skip(why)
+
+
+def on_slurm(test):
+    return pytest.mark.slurm(pytest.mark.usefixtures("slurm")(test))
+
+
+def memdefrag(cwd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def sweep_args(checkpoint: str, folder: Path, *overrides: str, groups: int = 2) -> list[str]:
+    """A tiny multirun on CPU into `folder` (then `overrides`: a method list, a launcher)."""
+    return ["-m", *tiny_overrides(checkpoint, small_task=False), f"task.groups={groups}", "task.updates=3",
+            "model.device=cpu", "threads=1", f"hydra.sweep.dir={folder}", *overrides]
+
+
+def until(done, seconds: float, what: str):
+    """Wait (bounded) for done() to be true; returns its value."""
+    deadline = time.monotonic() + seconds
+    while not (value := done()):
+        assert time.monotonic() < deadline, f"{what} within {seconds} s"
+        time.sleep(0.2)
+    return value
+
+
+def job_of(sweep: Path) -> str:
+    """The SLURM id of the sweep's first task, from its log folder (.submitit/<array>_<task>)."""
+    return until(lambda: sorted(p.name for p in (sweep / ".submitit").glob("*_0")), 120, "a job submitted")[0]
+
+
+def finished_groups(run: Path) -> int:
+    path = run / "groups.jsonl"
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def wait_releasing(proc: subprocess.Popen, job: str, timeout: int = 600) -> tuple[str, str]:
+    """Wait for the submitting command; a requeued job, which SLURM holds two minutes before it may start again
+    (PENDING (BeginTime)), is let start at once."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, f"the sweep ended within {timeout} s"
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True).stdout
+        if state.strip() == "PENDING BeginTime":
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+        time.sleep(1)
+    return proc.communicate()
+
+
+def resumed_at(log: str, groups: int) -> list[int]:
+    """The groups a run had finished each time it resumed, from its job log."""
+    return [int(n) for n in re.findall(rf"resuming .*: (\d+) of {groups} groups already finished", log)]
+
+
+@on_slurm
+def test_a_sweep_through_slurm_answers_as_the_same_sweep_without_a_launcher(tmp_path, tiny_checkpoint):
+    done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, tmp_path / "slurm", "method=none,memdefrag_top2",
+                                           *ON_CPU))
+    assert done.returncode == 0, done.stderr
+    array = re.search(r"submitted 2 runs as slurm job (\d+); job logs in (\S+)", done.stdout)
+    assert array and array[2] == str(tmp_path / "slurm" / ".submitit"), done.stdout
+    status = re.findall(rf"\] job {array[1]}: (.*); logs in ", done.stdout)
+    assert status[-1] == "2 of 2 with a result" and len(status) == len(set(status)), done.stdout   # one per change
+    names = subprocess.run(["sacct", "-n", "-X", "-j", array[1], "-o", "JobName%60,State"], capture_output=True,
+                           text=True).stdout.split()
+    assert names == ["memdefrag:0_none_unbounded_synthetic", "COMPLETED",
+                     "memdefrag:1_memdefrag_top2_unbounded_synthetic", "COMPLETED"]
+    assert (tmp_path / "slurm" / "summary.md").is_file() and "warn" not in done.stderr.lower()
+    plain = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, tmp_path / "plain", "method=none,memdefrag_top2"))
+    assert plain.returncode == 0, plain.stderr
+    same = memdefrag(tmp_path, "compare", str(tmp_path / "plain"), str(tmp_path / "slurm"))
+    assert same.returncode == 0, same.stdout + same.stderr
+
+
+@on_slurm
+def test_a_requeued_job_resumes_with_every_line_once(tmp_path, tiny_checkpoint):
+    """`scontrol requeue` after the first group: the job runs again, keeps the groups it finished, and its run
+    holds the lines of the uninterrupted run, each once."""
+    groups = 40       # ~10 s of groups on the tiny model: the job is still answering when it is requeued
+    sweep = tmp_path / "slurm"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *sweep_args(
+        tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, groups=groups)], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = job_of(sweep)
+    until(lambda: finished_groups(sweep / RUN) >= 1, 300, "the first group finished")
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    out, err = wait_releasing(proc, job)
+    assert proc.returncode == 0, err
+    log = (sweep / ".submitit" / job / f"{job}_0_log.out").read_text()
+    resumed = resumed_at(log, groups)
+    assert len(resumed) == 1 and 1 <= resumed[0] < groups, log
+    plain = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, tmp_path / "plain", "method=memdefrag_top2",
+                                            groups=groups))
+    assert plain.returncode == 0, plain.stderr
+    lines = [len((folder / RUN / "predictions.jsonl").read_text().splitlines()) for folder in (sweep, tmp_path / "plain")]
+    assert lines[0] == lines[1] and finished_groups(sweep / RUN) == groups
+    print(f"requeued after {resumed[0]} of {groups} groups: {lines[0]} lines, uninterrupted {lines[1]}")
+    same = memdefrag(tmp_path, "compare", str(tmp_path / "plain"), str(sweep))
+    assert same.returncode == 0, same.stdout + same.stderr
+
+
+@on_slurm
+def test_a_job_that_reaches_its_time_limit_is_requeued_and_resumes(tmp_path, tiny_checkpoint):
+    """A real time limit (2 min, the shipped max_num_timeout): SLURM signals the job a minute before it (at 30-60 s:
+    SLURM looks every 30 s; not sooner, while the job still unpickles its function), submitit requeues it, the run
+    resumes and ends with the lines an uninterrupted run writes per group, each once. The run is sized to outlast
+    the signal on this machine: 90 s at the seconds per group of an uninterrupted run."""
+    probe = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, tmp_path / "plain", "method=memdefrag_top2", groups=8))
+    assert probe.returncode == 0, probe.stderr
+    per_group = json.loads((tmp_path / "plain" / RUN / "run.json").read_text())["seconds"]["per_group"]
+    lines_per_group = len((tmp_path / "plain" / RUN / "predictions.jsonl").read_text().splitlines()) / 8
+    groups = max(16, math.ceil(90 / per_group))
+    sweep = tmp_path / "slurm"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *sweep_args(
+        tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, "hydra.launcher.timeout_min=2",
+        "hydra.launcher.signal_delay_s=60", groups=groups)], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    job = job_of(sweep)
+    out, err = wait_releasing(proc, job)
+    assert proc.returncode == 0, err
+    log = (sweep / ".submitit" / job / f"{job}_0_log.err").read_text()
+    assert "this job is timed-out" in log, log
+    outlog = (sweep / ".submitit" / job / f"{job}_0_log.out").read_text()
+    resumed = resumed_at(outlog, groups)
+    assert resumed and resumed == sorted(resumed) and 1 <= resumed[0] < groups, outlog
+    records = read_jsonl(sweep / RUN / "predictions.jsonl")
+    per_group = {group: sum(r["group"] == group for r in records) for group in range(groups)}
+    assert len(records) == groups * lines_per_group and set(per_group.values()) == {lines_per_group}
+    print(f"timed out and resumed after {resumed} of {groups} groups: {len(records)} lines, uninterrupted "
+          f"{groups} x {lines_per_group:g}")
+
+
+@on_slurm
+def test_a_job_failing_inside_ends_the_command_with_its_line_after_the_others(tmp_path, tiny_checkpoint):
+    """Run 1's folder holds a config that cannot be read: its job fails inside (SLURM: FAILED); the command waits
+    for run 0, writes the summary of it, and exits 2 with run 1's own line, its job id and its log."""
+    sweep = tmp_path / "slurm"
+    broken = sweep / "1_memdefrag_top2_unbounded_synthetic"
+    broken.mkdir(parents=True)
+    (broken / "config.yaml").write_text(": [\n")
+    (broken / "groups.jsonl").write_text("")
+    done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, sweep, "method=none,memdefrag_top2", *ON_CPU))
+    assert done.returncode == 2, done.stdout + done.stderr
+    array = re.search(r"submitted 2 runs as slurm job (\d+)", done.stdout)[1]
+    log = sweep / ".submitit" / f"{array}_1" / f"{array}_1_0_log.err"
+    assert done.stderr.splitlines() == [
+        f"memdefrag: error: job {array}_1 (1_memdefrag_top2_unbounded_synthetic): {broken} holds results but "
+        f"{broken / 'config.yaml'} cannot be read (while parsing a block mapping); choose another output folder, "
+        f"or pass resume=false to start it over; log: {log}",
+        f"memdefrag: 1 of 2 runs failed (1 finished, in {sweep}); rerun the same command to resume"], done.stderr
+    assert log.is_file() and (sweep / "0_none_unbounded_synthetic" / "run.json").is_file()
+    assert "none" in (sweep / "summary.md").read_text() and "memdefrag_top2" not in (sweep / "summary.md").read_text()
+    states = subprocess.run(["sacct", "-n", "-X", "-j", array, "-o", "State"], capture_output=True, text=True)
+    assert states.stdout.split() == ["COMPLETED", "FAILED"]
+
+
+@on_slurm
+@pytest.mark.parametrize("request_, refusal", [
+    ("hydra.launcher.partition=nope", "Invalid partition name specified"),
+    ("hydra.launcher.cpus_per_task=64", "More processors requested than permitted"),   # and 0 GPUs: a CPU model
+    ("hydra.launcher.gpus_per_node=2", "Requested node configuration is not available")])
+def test_a_request_slurm_cannot_place_is_one_line_before_anything_is_submitted(tmp_path, tiny_checkpoint, request_,
+                                                                               refusal):
+    sweep = tmp_path / "slurm"
+    done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, sweep, "method=none,memdefrag_top2", *ON_CPU, request_))
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"memdefrag: error: SLURM refuses the request ({refusal}): ")
+    assert request_ in done.stderr and ("gpus" in request_ or "hydra.launcher.gpus_per_node=0 " in done.stderr)
+    assert "the partitions offer cpu (1 node, " in done.stderr
+    assert not (sweep / ".submitit").exists()
+
+
+@on_slurm
+def test_a_model_on_its_default_device_asks_for_a_gpu(tmp_path, tiny_checkpoint):
+    """gpus_per_node null: one GPU for model.device=auto (a CPU model asks for none: the test above), as the
+    request SLURM is asked about says."""
+    done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, tmp_path / "slurm", "method=none", *ON_CPU,
+                                           "model.device=auto", "hydra.launcher.cpus_per_task=64"))
+    assert "hydra.launcher.gpus_per_node=1 " in done.stderr, done.stderr
+
+
+def test_without_sbatch_a_slurm_sweep_is_one_line(tmp_path, tiny_checkpoint):
+    """A machine without SLURM's commands (PATH without them): one line, nothing submitted."""
+    done = subprocess.run([sys.executable, "-m", "harness", *sweep_args(tiny_checkpoint, tmp_path / "s", "method=none",
+                                                                        *ON_CPU)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PATH": str(Path(sys.executable).parent)})
+    assert done.returncode == 2 and done.stderr == (
+        "memdefrag: error: hydra/launcher=slurm: no `sbatch` on this machine; submit from a SLURM login node, "
+        "or run the sweep here with hydra/launcher=local\n"), done.stderr
