@@ -19,7 +19,8 @@ leading `VAR=value` assignments set for that command):
 Python blocks run in a temporary folder. A block with `<!-- file: <path> -->` just above it is a file the
 reader writes: it is written into a temporary plugin tree (`methods/`, `evals/`, `conf/`) that the page's
 other blocks import and compose (`hydra.searchpath`), and a `tests/test_*.py` file has its tests called.
-`<!-- doc-test: <overrides> -->` just above a block adds overrides to its `memdefrag` commands.
+`<!-- doc-test: <overrides> -->` just above a block adds overrides to its `memdefrag` commands; the word `run`
+there makes its `memdefrag <subcommand>` lines run for real instead of being parsed only.
 """
 
 from __future__ import annotations
@@ -131,13 +132,17 @@ class Page:
             return folder
         return self.request.getfixturevalue(name)
 
-    def shell(self, words: list[str], comment: str, extra: list[str]) -> None:
+    def shell(self, words: list[str], comment: str, extra: list[str], execute: bool = False) -> None:
         env = {}
         while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
             key, value = words.pop(0).split("=", 1)
             env[key] = value
         program, args = words[0], words[1:]
-        if program == "memdefrag" and args and args[0] in SUBCOMMANDS:
+        if program == "memdefrag" and args and args[0] in SUBCOMMANDS and execute:
+            with pytest.MonkeyPatch.context() as patch, redirect_stdout(StringIO()):
+                patch.setattr(sys, "argv", ["memdefrag", *args])
+                importlib.import_module("harness.cli").main()
+        elif program == "memdefrag" and args and args[0] in SUBCOMMANDS:
             self.parse_only("harness.cli", ["memdefrag", *args], argv=True)
         elif program == "memdefrag" and args[:1] == ["tracer-sweep"]:
             self.hydra("tracer_sweep", args[1:] + extra, comment)
@@ -247,6 +252,7 @@ def data(tmp_path_factory):
 def test_every_block_of_the_page_runs_in_its_tiny_form(page, request, tmp_path, monkeypatch, data):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MEMDEFRAG_DATA", str(data))
+    (tmp_path / "tracers.yaml").write_text((ROOT / "conf" / "tracers.yaml").read_text())   # tracer-sweep writes here
     monkeypatch.setenv("MEMDEFRAG_TRACERS", str(tmp_path / "tracers.yaml"))
     monkeypatch.setenv("WANDB_MODE", "offline")
     runner = Page(request, tmp_path)
@@ -259,7 +265,7 @@ def test_every_block_of_the_page_runs_in_its_tiny_form(page, request, tmp_path, 
         else:
             extra = shlex.split(note) if kind == "doc-test" else []
             for words, comment in command_lines(code):
-                runner.shell(words, comment, extra)
+                runner.shell(words, comment, [w for w in extra if w != "run"], execute="run" in extra)
 
 
 def test_every_guide_has_blocks_and_the_readme_links_every_guide():
