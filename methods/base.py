@@ -90,6 +90,10 @@ class Method:
     session's formation and forgetting.
     recomputes: it recomputes memory tokens from their ids (EPIC, CacheBlend), which must then be the same at
     every layer.
+    parallel: it reads every fragment at the same positions after the sink (APE): an answer's read takes the
+    longest fragment's positions, not the memory's (a record's `used_tokens` counts the memory's).
+    traces: it plans with a forward of the prompt over the whole memory (attention density), a read of every
+    memory position besides the answer's.
     """
 
     needs_latent = True
@@ -97,6 +101,8 @@ class Method:
     backends = ("fast", "hidden_prefix")
     keeps_own_memory = False
     recomputes = False
+    parallel = False
+    traces = False
 
     def plan(self, memory: LatentMemory, prompt_ids: torch.Tensor, backend, question: Question = Question()) -> Plan:
         raise NotImplementedError

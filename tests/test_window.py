@@ -4,11 +4,13 @@ labelled opt-in."""
 import json
 
 import pytest
-import torch
+from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config
 
 from harness.errors import ConfigError
+from harness.results import read_config
 from harness.runner import run
+from harness.window_records import summarize, with_beyond_window
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.baselines import NoMemory, TextMemory, Vanilla
@@ -17,8 +19,7 @@ from methods.memdefrag import MemDefrag
 from methods.peers.ape import APE
 from methods.session import Session
 from methods.window import Window, WindowError, trained_window, window_summary
-from tests.conftest import COMMON, FAMILIES, FRAGMENTS
-from tests.conftest import save_tiny_checkpoint, tiny_model, tiny_run_config
+from tests.conftest import COMMON, FAMILIES, FRAGMENTS, save_tiny_checkpoint, tiny_model, tiny_run_config
 
 BACKENDS = {"fast": KVPrefixBackend, "hidden_prefix": HiddenPrefixBackend}
 
@@ -63,7 +64,8 @@ def answered(model, tokenizer, backend, method, formation, window, budget=5):
 
 
 READS = [(family, backend, formation) for family in ("llama", "gemma2") for backend in BACKENDS
-         for formation in Formation] + [("llama", "fast", "text"), ("gemma2", "fast", "text"), ("llama", "fast", "none")]
+         for formation in Formation] + [("llama", "fast", "text"), ("gemma2", "fast", "text"),
+                                        ("llama", "fast", "none")]
 
 
 @pytest.mark.parametrize("family, backend, formation", READS, ids=["-".join(r) for r in READS])
@@ -148,7 +150,8 @@ def test_a_capacity_that_cannot_fit_is_refused_before_weights_load(short_window,
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
     with pytest.raises(ConfigError, match=r"model.memory_capacity=390: a full memory's read \(sink 1 \+ 390 \+ "
                                           r"prompt \d+ \+ answer budget 4 - 1\) takes \d+ positions"):
-        run(tiny_run_config(short_window, *SHORT, "forgetting=random", "model.memory_capacity=390"), str(tmp_path / "run"))
+        run(tiny_run_config(short_window, *SHORT, "forgetting=random", "model.memory_capacity=390"),
+            str(tmp_path / "run"))
 
 
 def test_with_the_opt_in_every_record_says_how_far_past_and_run_json_counts_them(short_window, tmp_path):
@@ -161,3 +164,27 @@ def test_with_the_opt_in_every_record_says_how_far_past_and_run_json_counts_them
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["window"] == {"trained": 400, "allow_beyond": True, "records_beyond": sum(p > 0 for p in past),
                               "most_beyond": max(past)}
+
+
+@pytest.mark.parametrize("method", ["vanilla", "memdefrag_top1"])
+def test_an_older_record_gets_the_beyond_window_its_run_would_have_measured(method, short_window, tmp_path):
+    """harness.window_records estimates a record written before the window was checked from its used_tokens, its
+    question's prompt and the run's budget (and, for a method that traces, its whole memory): on a run that
+    measured them, the estimate is the measure; run.json's summary follows the records."""
+    folder = tmp_path / "run"
+    run(tiny_run_config(short_window, *SHORT, f"method={method}", "allow_beyond_window=true"), str(folder))
+    records = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines()]
+    config = OmegaConf.to_container(read_config(folder))
+    older = [{k: v for k, v in r.items() if k != "beyond_window"} for r in records]
+    assert with_beyond_window(config, older) == records and max(r["beyond_window"] for r in records) > 0
+    info = json.loads((folder / "run.json").read_text())
+    measured = info.pop("window")
+    (folder / "run.json").write_text(json.dumps(info))
+    assert summarize(folder, config, records) and json.loads((folder / "run.json").read_text())["window"] == measured
+    assert not summarize(folder, config, records)                  # said already: nothing written
+
+
+def test_an_older_record_of_a_model_no_longer_at_hand_is_left_as_it_is(short_window):
+    config = {"model": {"name": "gone", "source": "/nowhere/checkpoint"}}
+    records = [{"used_tokens": 9000, "question": "?", "output": ""}]
+    assert with_beyond_window(config, records) == records

@@ -17,6 +17,8 @@ class APE(Peer):
     """temperature: T > 0 (1: the model's own logits); scale: S > 0 (1: the block's own share); 0.9 each: the
     authors' defaults."""
 
+    parallel = True
+
     def __init__(self, temperature: float = 0.9, scale: float = 0.9, select: int | None = None,
                  tracer_layer: int | None = 0, query_mode: QueryMode | None = "last"):
         number_in("method.temperature", temperature, 0, why="T divides the prompt's logits to the fragments")
@@ -25,4 +27,4 @@ class APE(Peer):
         self.temperature, self.scale = float(temperature), float(scale)
 
     def reading(self, view: LatentMemory, backend) -> Reading:
-        return Reading(parallel=True, temperature=self.temperature, scale=self.scale)
+        return Reading(parallel=self.parallel, temperature=self.temperature, scale=self.scale)

@@ -28,6 +28,7 @@ class Peer(Method):
         if select is not None:
             whole_number("method.select", select)
         self.selection = None if select is None else MemDefrag(select, tracer_layer, query_mode)
+        self.traces = self.selection is not None
 
     def check(self, num_layers: int) -> None:
         if self.selection is not None:

@@ -55,6 +55,7 @@ class Selection(Method):
                        "recency": rankers.Recency,
                        "random": lambda: rankers.Random(torch.Generator().manual_seed(seed))}[ranker]()
         self.needs_latent = reading == "latent" or self.ranker.needs_latent
+        self.traces = self.ranker.needs_latent
         self.needs_targets = self.ranker.needs_targets
 
     def check(self, num_layers: int) -> None:

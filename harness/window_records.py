@@ -1,0 +1,94 @@
+"""Records written before reads were checked against the model's trained window (methods/window.py): each
+gets the `beyond_window` a run now writes, and run.json its `window` summary, from what the record and its run
+say. A record hook of `memdefrag migrate` (harness/migrate.py).
+
+What an older record says of its read: `used_tokens` (the sink and the memory the answer read, or the text
+before its prompt; a trace-only record: its `memory_tokens` behind the one-token sink), its question (whose
+prompt, in the run's prompt style, is tokenized again) and the run's answer budget (the task's own
+`max_new_tokens` where it sets one, else the run's; none for a record without an answer). A task that words its
+own prompt around the question (LongBench's template) reads a little more than this counts. A method that reads
+its fragments in parallel (APE: `parallel`) takes the longest fragment's positions, not its memory's: at most
+the task's `max_context_tokens` where it cuts contexts to a length, else (not known) the memory's. A method that
+`traces` (attention density over the whole memory) also read its sink, its whole memory and its prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from harness.errors import ConfigError
+from harness.models import ModelSpec, check_source
+from harness.plugins import build
+from harness.results import atomic_write
+from methods.prompting import format_prompt
+from methods.window import positions, trained_window, window_summary
+
+
+def model_window(config: dict):
+    """(trained window, tokenizer) of a run's model, read offline; (None, None) where its source is gone (a
+    temporary checkpoint)."""
+    names = {f.name for f in dataclasses.fields(ModelSpec)}
+    return source_window(json.dumps({k: v for k, v in config["model"].items() if k in names}, sort_keys=True))
+
+
+@functools.cache
+def source_window(spec: str):
+    """model_window of a model's settings (as JSON: read once per model)."""
+    try:
+        config, tokenizer = check_source(ModelSpec(**json.loads(spec)))
+    except ConfigError:
+        return None, None
+    return trained_window(config), tokenizer
+
+
+@functools.cache
+def method_of(node: str):
+    """The method plugin a run's config names (as JSON: built once per method)."""
+    return build(OmegaConf.create(json.loads(node)), "method")
+
+
+def read_positions(config: dict, record: dict, tokenizer) -> int:
+    """The positions an older record's reads took, from the record and its run's config (see the docstring)."""
+    task, method = config["task"], method_of(json.dumps(config["method"], sort_keys=True))
+    read = record["used_tokens"] if "used_tokens" in record else 1 + record["memory_tokens"]
+    if method.parallel and task.get("max_context_tokens"):
+        read = min(read, 1 + task["max_context_tokens"])
+    prompt = len(format_prompt(tokenizer, record["question"], config["prompt"])) if "question" in record else 0
+    budget = (task.get("max_new_tokens") or config["max_new_tokens"]) if "output" in record else 0
+    traced = positions(1 + record["memory_tokens"], prompt, 0) if method.traces else 0
+    return max(positions(read, prompt, budget), traced)
+
+
+def with_beyond_window(config: dict, records: list[dict]) -> list[dict]:
+    """The records, each with `beyond_window` (positions past its model's trained window, 0 inside) where it
+    has none and says what it read; unchanged where its model's config cannot be read offline."""
+    def unmarked(record: dict) -> bool:
+        return "beyond_window" not in record and ("used_tokens" in record or "memory_tokens" in record)
+
+    if not any(unmarked(r) for r in records):
+        return records
+    window, tokenizer = model_window(config)
+    if window is None:
+        return records
+    return [{**r, "beyond_window": max(read_positions(config, r, tokenizer) - window, 0)} if unmarked(r) else r
+            for r in records]
+
+
+def summarize(folder: Path, config: dict, records: list[dict]) -> bool:
+    """run.json's `window` (methods.window.window_summary) from the folder's records, where they say how far
+    past the window they read and run.json does not say it yet; True where it wrote."""
+    path = folder / "run.json"
+    if not path.is_file() or not any("beyond_window" in r for r in records):
+        return False
+    info = json.loads(path.read_text())
+    if "window" in info:
+        return False
+    window, _ = model_window(config)
+    info["window"] = window_summary(window, bool(config.get("allow_beyond_window", False)), records)
+    atomic_write(path, json.dumps(info, indent=2))
+    return True
