@@ -18,13 +18,14 @@ from evals.longbench import longbench_table
 from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
 from harness.comparisons import peers_section, rankers_section
+from evals.stats import wilson, with_interval
 from harness.errors import ConfigError, OneLineParser
 from harness.plugins import table_titles
 from harness.figures import accuracy_against_time, accuracy_curves
 from harness.migrate import migrate_all
 from harness.results import read_jsonl
 from harness.sections import (BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, Run, Section, labelled, runs_under,
-                               step_records, step_table)
+                               step_records, step_table, with_bounds)
 from harness.tracer_layers import recorded, tracers_file
 from harness.summary import accuracy_table
 
@@ -130,7 +131,7 @@ def probe_section(root, runs) -> Section:
     for run in chosen:
         records = read_jsonl(run.folder / "predictions.jsonl")
         memory = "text" if run.config["method"]["label"] == "text" else "latent"
-        table = tracing_table(records).groupby("query_mode").head(5)
+        table = with_bounds(tracing_table(records).groupby("query_mode").head(5))
         layers = records[0]["layers"]
         if layers == list(range(len(layers))):          # every layer probed: the paper's band is known
             table["in_band"] = table["layer"].isin(band(len(layers))).map({True: "yes", False: "no"})
@@ -141,7 +142,8 @@ def probe_section(root, runs) -> Section:
         [full] = write_analysis(run.folder, records)
         links.append(f"[{folder}]({full.relative_to(root)})")
     return Section(label, title, pd.concat(frames, ignore_index=True).round(2),
-                   after="Every layer, best first: " + ", ".join(links) + ". `in_band`: the layer lies in "
+                   after="Mean rank with its 95 % bootstrap interval over groups, Top-k with its Wilson interval. "
+                         "Every layer, best first: " + ", ".join(links) + ". `in_band`: the layer lies in "
                          "floor(L/3)..ceil(L/2), where the paper (App. F) looks for the tracer layer.")
 
 
@@ -166,14 +168,19 @@ def distortion_section(root, runs) -> Section:
         records = read_jsonl(run.folder / "predictions.jsonl")
         figures = [p for p in write_analysis(run.folder, records) if p.suffix == ".png"]
         frame = pd.DataFrame(records)
-        steps = frame.groupby("step").agg(accuracy=("correct", "mean"), memory_tokens=("memory_tokens", "mean"))
-        steps["accuracy"] = (100 * steps["accuracy"]).round(1)
-        best = correlations(records).groupby("query_mode").head(3).round(3)
+        steps = frame.groupby("step").agg(correct=("correct", "sum"), n=("correct", "size"),
+                                          memory_tokens=("memory_tokens", "mean"))
+        steps.insert(0, "accuracy", [with_interval(k / n, *wilson(int(k), int(n))) for k, n in
+                                     zip(steps["correct"], steps["n"])])
+        steps = steps.drop(columns=["correct", "n"])
+        best = with_bounds(correlations(records).groupby("query_mode").head(3), digits=3)
         parts += [f"### {run.config['task']['dataset']}, {run.config['method']['label']} memory "
                   f"({frame.group.nunique()} groups, "
                   f"`{run.folder.relative_to(root)}`)",
                   steps.T.astype(object).to_markdown(), best.to_markdown(index=False),
                   *(f"![{p.stem}]({p.relative_to(root)})" for p in figures)]
+    parts.append("Accuracy with its 95 % Wilson interval over the groups; Pearson r with its 95 % Fisher interval "
+                 "over the steps.")
     return Section(label, title, text="\n\n".join(parts))
 
 
@@ -255,7 +262,7 @@ def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
     intervals, the evidence hit, its rank, seconds per question, and its figure (F1 against seconds per
     question); `tab:locomo_layers`: for runs that traced every layer, the evidence session's hit@2 per layer."""
     title = ("LoCoMo dialogue memory: LoCoMo's F1 and substring accuracy (%), evidence session read (%), its "
-             "density rank, seconds per question")
+             "rank and what ranked it, seconds per question")
     layers = Section("tab:locomo_layers", "LoCoMo: evidence session among the 2 densest (%) when traced at each "
                      "layer", missing="no runs yet: memdefrag experiment=locomo task.trace_layers=true")
     chosen = sorted((r for r in runs if "tab:locomo" in r.tables), key=lambda r: (r.model, *baselines_first(r)))
@@ -263,7 +270,8 @@ def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
         return Section("tab:locomo", title, missing="no runs yet: memdefrag experiment=locomo"), layers
     labels = labelled(chosen, "tab:locomo")
     answered = [read_jsonl(run.folder / "predictions.jsonl") for run in chosen]
-    records = [{**record, "run": f"{run.model} {label}", "model": run.model, "method": label}
+    records = [{**record, "run": f"{run.model} {label}", "model": run.model, "method": label,
+                "ranked_by": run.config["method"].get("ranker", "density")}    # BM25, dense: their own score
                for run, label, found in zip(chosen, labels, answered) for record in found]
     figure = figures / "locomo.png"
     points = scores_by_category(records, ("model", "method"))
@@ -276,11 +284,14 @@ def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
         layers.after = ("Each question's evidence session ranked by attention density over the whole memory at "
                         "every layer, in both query modes; `best layer`: the layer with the most hits.")
     return Section("tab:locomo", title, locomo_table(records).round(1), figure=str(figure.relative_to(root)),
-                   after=f"F1: LoCoMo's own score (evals/locomo_scoring.py) with its 95 % bootstrap interval over "
-                         f"the questions; accuracy: the gold answer inside the answer's first line, Wilson "
+                   after=f"F1: LoCoMo's own score (evals/locomo_scoring.py) with its 95 % bootstrap interval "
+                         f"resampling conversations; f1 authors: the MemDefrag authors' (LongBench's qa_f1_score); "
+                         f"accuracy: the gold, cut as LoCoMo's score cuts it, inside the scored reply, Wilson "
                          f"interval; evidence hit: an evidence session among the fragments read (methods that "
-                         f"choose); evidence rank: its best density rank. {sizes}. The figure: the last "
-                         f"category's F1 against seconds per question."), layers
+                         f"choose); evidence rank: its best rank under what ranked (attention density, or BM25's "
+                         f"or the dense retriever's own score). Runs of the two protocols (task.protocol) are "
+                         f"labelled apart. {sizes}. The figure: the last category's F1 against seconds per "
+                         f"question."), layers
 
 
 def tracer_summary_section() -> Section:

@@ -117,6 +117,9 @@ class Method:
     def check_model(self, model_config) -> None:
         """Raise ValueError for a model the method cannot run on (before its weights load)."""
 
+    def with_tokenizer(self, tokenizer) -> None:
+        """The session's tokenizer, for a method that cuts text by its tokens (the text baseline's window)."""
+
     def for_group(self, index: int) -> "Method":
         """The method for one group: a copy whose random draws depend only on the group, where it draws."""
         return self

@@ -43,6 +43,7 @@ class Session:
                  memory_on: str = "model", window: Window | None = None):
         """window: what counts the positions of every read against the model's (none: nothing counts)."""
         self.model, self.tokenizer, self.backend, self.method = model, tokenizer, backend, method
+        method.with_tokenizer(tokenizer)
         self.window = window or Window(None)
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
         self.compressor = compressor or NoCompression()
@@ -80,11 +81,12 @@ class Session:
                                "forgetting": clock(self.model.device) - formed, **self.method.stored(fragment)}
         return fragment.fid
 
-    def store_all(self, texts) -> tuple[list[int], dict[str, float]]:
-        """Store each text in order; their ids and the seconds per phase of storing them all, summed."""
+    def store_all(self, texts, reuse: bool = False) -> tuple[list[int], dict[str, float]]:
+        """Store each text in order; their ids and the seconds per phase of storing them all, summed.
+        reuse: the texts recur (see Former.next_fragment)."""
         ids, seconds = [], {}
         for text in texts:
-            ids.append(self.store(text))
+            ids.append(self.store(text, reuse))
             for phase, spent in self.update_seconds.items():
                 seconds[phase] = seconds.get(phase, 0.0) + spent
         return ids, seconds

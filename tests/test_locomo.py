@@ -1,6 +1,6 @@
 """The LoCoMo task: LoCoMo's released format read the same way for the real file and the embedded set, every
 malformed file refused in one line naming the file, sample and field, the authors' serialization and filter,
-and the text baseline cut to the model's window."""
+each protocol's prompt word for word, and the text baseline cut to the model's window as LoCoMo cuts it."""
 
 import copy
 import json
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from evals import synthetic_dialogue
-from evals.locomo import LoCoMo, evidence_sessions, first_line, layers_table, locomo_table, serialized
+from evals.locomo import (ABSTAIN, PROTOCOLS, LoCoMo, Question, contains, evidence_sessions, first_line, gold,
+                          layers_table, locomo_reply, locomo_table, scores_by_category, serialized)
 from harness.errors import ConfigError
 from methods.baselines import TextMemory
 from methods.formation import Former
@@ -61,16 +62,49 @@ def test_evidence_ids_as_the_released_file_spells_them():
 
 
 def test_over_long_conversations_are_skipped_and_counted_and_questions_sampled_with_the_seed():
-    task = LoCoMo("synthetic", categories=[1, 2, 3, 4, 5], max_tokens=400, questions=2)
     samples = synthetic_dialogue.generate(42)
     tokens = [sum(len(serialized(s["conversation"], k).split()) for k in range(1, 9)) for s in samples]
+    limit = sorted(tokens)[len(tokens) // 2]                 # one conversation has exactly this many: skipped
+    task = LoCoMo("synthetic", max_tokens=limit, questions=1)
     kept = task.groups(Words())
-    assert [g.sample_id for g in kept] == [s["sample_id"] for s, n in zip(samples, tokens) if n <= 400]
+    assert [g.sample_id for g in kept] == [s["sample_id"] for s, n in zip(samples, tokens) if n < limit]
     assert task.describe()["skipped"] == [{"sample_id": s["sample_id"], "tokens": n}
-                                          for s, n in zip(samples, tokens) if n > 400]
-    assert all(len(g.questions) == 2 for g in kept)
-    again = LoCoMo("synthetic", categories=[1, 2, 3, 4, 5], max_tokens=400, questions=2).groups(Words())
+                                          for s, n in zip(samples, tokens) if n >= limit]
+    assert all(sorted(q.category for q in g.questions) == [1, 2, 3, 4, 5] for g in kept)   # one per category
+    again = LoCoMo("synthetic", max_tokens=limit, questions=1).groups(Words())
     assert [g.questions for g in again] == [g.questions for g in kept]
+
+
+def test_the_authors_filter_skips_a_conversation_of_exactly_18000_tokens():
+    """LoCoMo_benchmark.py keeps `total < max_conv_tokens`: 17,999 tokens stay, 18,000 go."""
+    sample = synthetic_dialogue.generate(0, conversations=1)[0]
+    words = sum(len(serialized(sample["conversation"], k).split()) for k in range(1, 9))
+
+    class Padded(Words):
+        def __init__(self, total):
+            self.extra = total - words
+
+        def __call__(self, text, add_special_tokens=True):
+            pad = self.extra if text.startswith("Session 1 ") else 0
+            return {"input_ids": [5] * (len(text.split()) + pad)}
+
+    task = LoCoMo("synthetic", protocol="authors")
+    assert task.max_tokens == 18_000 and task.categories == [4] and task.answer_tokens == 32
+    one = [sample]
+    task.samples = lambda: one
+    assert [g.tokens for g in task.groups(Padded(17_999))] == [17_999]
+    with pytest.raises(ConfigError, match="no conversation under task.max_tokens=18000"):
+        task.groups(Padded(18_000))
+    assert task.skipped == [{"sample_id": sample["sample_id"], "tokens": 18_000}]
+
+
+def test_the_sample_of_one_category_does_not_depend_on_the_others_asked():
+    """The single-hop questions drawn with all five categories asked are those drawn with category 4 alone
+    (the first bare-question runs' sample, paired with the protocol runs)."""
+    alone = LoCoMo("synthetic", protocol="authors", questions=1).groups(Words())
+    together = LoCoMo("synthetic", questions={4: 1}).groups(Words())
+    assert [[q for q in g.questions if q.category == 4] for g in together] == [list(g.questions) for g in alone]
+    assert all(len([q for q in g.questions if q.category == 1]) >= 1 for g in together)   # the rest all asked
 
 
 BROKEN = [     # (how a valid file is broken, what the one line says)
@@ -137,24 +171,90 @@ def test_the_released_file_reads_whole():
     assert all(q.evidence for c in conversations for q in c.questions if q.category == 4)
 
 
-def test_text_cut_to_the_window_keeps_the_sink_and_the_latest_tokens(llama, tokenizer):
+def test_text_cut_to_the_window_keeps_the_latest_whole_lines_and_each_kept_fragments_first_line(llama, tokenizer):
+    """As LoCoMo truncates its conversation: whole turns, the latest first, from the verbatim text (not the memory
+    after forgetting), a session's date line kept with any of its turns, older sessions dropped."""
     memory = LatentMemory()
     former = Former(llama, tokenizer, "shared_sink", keep_kv=False)
-    for text in FRAGMENTS:
+    sessions = ["Session 1 (May):\nA: one\nB: two\n\n", "Session 2 (June):\nA: three\nB: four four\n\n",
+                "Session 3 (July):\nA: five\nB: six\n\n"]
+    for text in sessions:
         former.store(memory, text)
+    memory.keep(2, torch.arange(3))                       # forgetting left three tokens of session 3
     window = llama.config.max_position_embeddings
-    prompt = torch.arange(window - 64 - 1 - 10)              # room for the sink and 10 memory tokens
+    method = TextMemory(fit_window=True, answer_room=64)
+    method.with_tokenizer(tokenizer)
     backend = type("Backend", (), {"model": llama})()
-    whole = TextMemory().plan(memory, prompt, backend).text_ids
-    cut = TextMemory(fit_window=True).plan(memory, prompt, backend).text_ids
-    assert torch.equal(whole, memory.text_ids()) and len(whole) > 11
-    assert torch.equal(cut, torch.cat([whole[:1], whole[-10:]]))
-    short = torch.arange(5)
-    assert torch.equal(TextMemory(fit_window=True).plan(memory, short, backend).text_ids, whole)
+
+    def cut(room):                                        # the text kept when `room` tokens are free for it
+        prompt = torch.arange(window - 64 - memory.sink_length - room)
+        ids = method.plan(memory, prompt, backend).text_ids
+        assert torch.equal(ids[: memory.sink_length], memory.text_ids()[: memory.sink_length])
+        return ids[memory.sink_length:].tolist()
+
+    def ids(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    everything = "".join(sessions)
+    assert cut(len(everything)) == ids(everything)                                  # verbatim, all of it
+    latest = "Session 2 (June):\nB: four four\n\n" + sessions[2]
+    assert cut(len(latest)) == ids(latest) and cut(len(latest) + 5) == ids(latest)   # no part of a turn
+    assert cut(len("Session 3 (July):\n") + 2) == ids("Session 3 (July):\n\n")      # the date line, the blank
+    assert cut(3) == []
+    assert torch.equal(TextMemory().plan(memory, torch.arange(5), backend).text_ids, memory.text_ids())
+
+
+def test_each_protocol_asks_as_its_source_does(tokenizer):
+    """LoCoMo's QA prompt (its instruction, the category-2 date hint, category 5 as an (a)/(b) choice in
+    seeded random order) and the authors' bare question; the style each is read in."""
+    locomo, authors = PROTOCOLS["locomo"], PROTOCOLS["authors"]
+    frame = ("\nBased on the above conversations, write a short answer for the following question in a few words. "
+             "Do not write complete and lengthy sentences. Answer with exact words from the conversations "
+             "whenever possible.\n\nQuestion: {}\n")
+    single = Question("Where did Caroline move from?", "Sweden", 4, (1,))
+    temporal = Question("When did Melanie paint a sunrise?", "2022", 2, (1,))
+    assert locomo.ask(single, "42:conv-26") == (frame.format("Where did Caroline move from?"), None)
+    assert locomo.ask(temporal, "42:conv-26")[0] == frame.format(
+        "When did Melanie paint a sunrise? Use DATE of CONVERSATION to answer with an approximate date.")
+    orders = set()
+    for index in range(20):
+        asked, options = locomo.ask(Question("Is Oscar Melanie's pet?", "Yes", 5, (13,), index), "42:conv-26")
+        assert asked == frame.format(f"Is Oscar Melanie's pet? (a) {options['a']} (b) {options['b']}. "
+                                     f"Select the correct answer by writing (a) or (b).")
+        assert sorted(options.values()) == sorted([ABSTAIN, "Yes"])
+        assert locomo.ask(Question("Is Oscar Melanie's pet?", "Yes", 5, (13,), index), "42:conv-26")[1] == options
+        orders.add(options["a"])
+    assert orders == {ABSTAIN, "Yes"}                      # both orders occur
+    assert authors.ask(single, "42:conv-26") == ("Where did Caroline move from?", None)
+    assert authors.ask(Question("Is Oscar Melanie's pet?", "Yes", 5, (13,)), "s") == ("Is Oscar Melanie's pet?",
+                                                                                        None)
+    assert (locomo.answer_tokens, authors.answer_tokens) == (50, 32)
+    assert locomo.style(tokenizer) == "raw" and authors.style(tokenizer) == "plain"
+    chat = type("Chat", (), {"chat_template": "{{ messages }}"})()
+    assert locomo.style(chat) == "chat" and authors.style(chat) == "plain"
+
+
+def test_an_a_or_b_reply_is_mapped_to_its_option_and_other_replies_cleaned_as_locomo_does():
+    options = {"a": "Yes", "b": ABSTAIN}
+    assert locomo_reply("(A) Yes, he is.", options) == "Yes"
+    assert locomo_reply("b", options) == ABSTAIN and locomo_reply("(b)", options) == ABSTAIN
+    assert locomo_reply("I think (a) is right", {"a": ABSTAIN, "b": "Yes"}) == ABSTAIN
+    assert locomo_reply("Answer: (a) Paris", None) == "paris"
+    assert locomo_reply("Florida)", None) == "florid"            # LoCoMo removes `a)` wherever it stands
+    assert PROTOCOLS["authors"].reply("Paris.", None) == "Paris."
+
+
+def test_gold_and_substring_accuracy_per_category():
+    both = {"question": "Is Oscar Melanie's pet?", "adversarial_answer": "Yes", "answer": "No", "category": 5}
+    assert gold(both) == "Yes" and gold({"question": "q", "answer": 2022, "category": 2}) == "2022"
+    assert contains("she went in may", "May; she likes spring", 3) and not contains("spring", "May; spring", 3)
+    assert contains("rome and paris", "Paris, Rome", 1) and not contains("paris", "Paris, Rome", 1)
+    assert contains("it was in paris", "Paris", 4) and contains("x", "Yes", 5) is None
 
 
 def test_the_table_has_a_row_per_run_and_category_with_intervals():
-    records = [{"run": run, "category": c, "f1": f, "correct": f == 1.0, "target_rank": 1, "target_read": f > 0,
+    records = [{"run": run, "sample_id": "c", "category": c, "f1": f, "f1_authors": f / 2, "correct": f == 1.0,
+                "target_rank": 1, "target_read": f > 0,
                 "seconds": {"formation": 5.0, "index": 2.0, "trace": 0.5, "prefill": 1.0}}
                for run, c, f in [("vanilla", 4, 1.0), ("vanilla", 4, 0.0), ("vanilla", 2, 0.5),
                                  ("memdefrag_top2", 4, 1.0), ("memdefrag_top2", 4, 1.0)]]
@@ -162,7 +262,27 @@ def test_the_table_has_a_row_per_run_and_category_with_intervals():
     assert list(table.index) == [(2, "vanilla"), (4, "vanilla"), (4, "memdefrag_top2")]
     row = table.loc[(4, "vanilla")]
     assert row["f1"].startswith("50.0 [") and row["accuracy"].startswith("50.0 [") and row["n"] == 2
-    assert row["evidence hit"] == 50.0 and row["s/question"] == 1.5
+    assert row["f1 authors"] == 25.0 and row["evidence hit"] == 50.0 and row["s/question"] == 1.5
+    assert row["ranked by"] == "density"
+
+
+def test_the_f1_interval_resamples_conversations_not_questions():
+    """Two conversations, one all right, one all wrong: resampling conversations gives [0, 100]; resampling
+    the questions one by one would give a narrow interval around 50."""
+    records = [{"sample_id": conv, "category": 4, "f1": f, "correct": f == 1.0, "target_rank": None,
+                "seconds": {}} for conv, f in [("a", 1.0)] * 10 + [("b", 0.0)] * 10]
+    row = scores_by_category(records).iloc[0]
+    assert (row["f1"], row["f1 low"], row["f1 high"]) == (50.0, 0.0, 100.0)
+
+
+def test_the_rank_column_says_what_ranked():
+    """A retriever's own rank is labelled by the retriever, attention density's as density."""
+    records = [{"run": run, "sample_id": "c", "category": 4, "f1": 0.0, "correct": False, "target_rank": rank,
+                "ranked_by": by, "seconds": {}}
+               for run, rank, by in [("bm25", 1, "bm25"), ("top2", 3, "density"), ("vanilla", None, "density")]]
+    table = locomo_table(records)
+    assert table.loc[(4, "bm25"), "ranked by"] == "bm25" and table.loc[(4, "top2"), "ranked by"] == "density"
+    assert table.loc[(4, "vanilla"), "ranked by"] == ""
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """LoCoMo's official QA score, reproduced: equal on every case to values computed by LoCoMo's own
-evaluation code (tests/testdata/locomo_scores.json: 640 cases over the five categories, made outside the
+evaluation code (tests/testdata/locomo_scores.json: 720 cases over the five categories, 80 of them with combining
+marks, superscript, subscript and fraction digits and zero-width joiners beside articles; made outside the
 project by running snap-research/locomo's `eval_question_answering` on them)."""
 
 import json
@@ -30,3 +31,13 @@ def test_the_rules_one_by_one():
     assert score("2022", 2022, 2) == 1.0                                      # a number answer is its text
     with pytest.raises(ValueError):
         score("x", "x", 6)
+
+
+def test_word_boundaries_beyond_ascii_are_those_of_the_regex_package_locomo_uses():
+    """`regex`, not `re`: a combining mark is a word character (the article stays), a superscript, subscript or
+    fraction digit is not (the article goes); `re` holds the reverse."""
+    assert normalized("the\u0301 cat") == "the\u0301 cat" and normalized("x\u0301and y") == "x\u0301and y"
+    assert normalized("a\u00b2 dog") == "\u00b2 dog" and normalized("the\u00bd") == "\u00bd"
+    assert normalized("an\u2082") == "\u2082" and normalized("the\u200d end") == "the\u200d end"
+    unicode = [c for c in CASES if any(ord(ch) > 0x2ff and not ch.isalpha() for ch in c["prediction"] + str(c["answer"]))]
+    assert len(unicode) >= 40
