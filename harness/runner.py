@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from harness import selfcheck, shards
 from harness.errors import ConfigError
+from harness.formed import FormedFragments
 from harness.models import ModelSpec, check_source, load, one_line_cause
 from harness.plugins import build
 from harness.results import ResultFolder, flattened, metrics_table, peak_memory_mb, reset_peak_memory
@@ -32,13 +33,18 @@ from methods.window import Window, WindowError, check_capacity, trained_window, 
 log = logging.getLogger(__name__)
 BACKENDS = {"fast": KVPrefixBackend, "hidden_prefix": HiddenPrefixBackend}
 Backend = StrEnum("Backend", list(BACKENDS))
-_FORMED: dict[tuple, dict] = {}
+_FORMED: dict[tuple, FormedFragments] = {}
+FORMED_BYTES = 4 << 30          # host bytes of formed fragments kept: the 8B shape's probe distractors (~3.3 GB)
 
 
-def formed_fragments(spec: ModelSpec) -> dict:
+def formed_fragments(spec: ModelSpec) -> FormedFragments:
     """Recurring fragments already formed with this model in this process: formation is
-    deterministic, so the jobs of a sequential sweep (and the groups of a run) form each distractor once."""
-    return _FORMED.setdefault((spec.source, spec.gguf_file, spec.dtype, spec.device, spec.device_map), {})
+    deterministic, so the jobs of a sequential sweep (and the groups of a run) form each distractor once.
+    Only the current model's are kept (a sweep runs one model's jobs in a row), on the host, FORMED_BYTES at most."""
+    key = (spec.source, spec.gguf_file, spec.dtype, spec.device, spec.device_map)
+    for other in [k for k in _FORMED if k != key]:
+        del _FORMED[other]
+    return _FORMED.setdefault(key, FormedFragments(FORMED_BYTES))
 
 
 def preflight(cfg: DictConfig, choices: dict | None = None):

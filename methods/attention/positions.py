@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -169,13 +170,17 @@ class Rotary:
     Rotation that places it, or None where the layer applies no position to it."""
 
     def __init__(self, model):
-        self.model = model
+        self._model = weakref.ref(model)       # the model keeps its Rotary: no cycle, so a job's model is freed
         self.functions = {name: (function, len(rotated_parameters(function)),        # (f, tensors it rotates,
                                  {"unsqueeze_dim": 1} if "unsqueeze_dim" in inspect.signature(function).parameters
                                  else {})                                            # heads on axis 1)
                           for name, function in rotary_functions(modeling_module(model)).items()}
         self.candidates = _candidates(model)
         self.how: list[dict[int, Rotation]] = self._learn()
+
+    @property
+    def model(self):
+        return self._model()
 
     @classmethod
     def of(cls, model) -> "Rotary":
