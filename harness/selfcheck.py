@@ -9,8 +9,9 @@ lower precision both formulations carry that precision's own rounding, which gro
 bf16 model is off by tenths of a logit), so a fixed tolerance refuses exact code: there the fast backend
 must come as close to the truth as the hidden-prefix formulation run in the same dtype does, within MARGIN,
 in logits and in every layer's densities, and give the truth's greedy answer wherever that formulation
-does. A real error (a position off by one, a wrong rotary base) moves the fast backend far past that bound.
-A mismatch stops the run with one clear error. The verdict is cached (MEMDEFRAG_CACHE/selfcheck/), so it
+does, unless it leaves it at a near tie of the truth's two largest logits (see `judged`). A real error (a
+position off by one, a wrong rotary base) moves the fast backend far past that bound. A mismatch stops the run
+with one clear error. The verdict is cached (MEMDEFRAG_CACHE/selfcheck/), so it
 costs seconds once.
 """
 
@@ -53,7 +54,7 @@ FLOAT32_TOLERANCE = 1e-4
 # (logits) and 3.7-102x (densities) past it, a wrong rotary base 20-224x and 14-434x (tests/test_selfcheck.py)
 MARGIN = 2.0
 FALLBACK = "use backend=hidden_prefix (the paper's formulation, slower) for this model"
-VERDICT_KEYS = {"exact", "model_type", "dtype", "truth", "fast_logits_error", "fast_density_error"}
+VERDICT_KEYS = {"exact", "model_type", "dtype", "truth", "fast_logits_error", "fast_density_error", "tie_gap"}
 
 
 def refuse_unsupported(backend_class, model_config) -> None:
@@ -67,12 +68,14 @@ def refuse_unsupported(backend_class, model_config) -> None:
 @dataclass
 class Outcome:
     """What one formulation gives: the prompt's logits [p, vocab], every layer's densities in both query modes
-    [2L, fragments] (fp32, on the host), its greedy answer's ids, and the memory it read (sink included)."""
+    [2L, fragments] (fp32, on the host), its greedy answer's ids, the memory it read (sink included), and at each
+    step of its answer and the one after, the gap between its two largest logits [len(answer) + 1]."""
 
     logits: torch.Tensor
     densities: torch.Tensor
     answer: list[int]
     memory_tokens: int
+    gaps: torch.Tensor
 
 
 @contextmanager
@@ -107,8 +110,20 @@ def outcomes(model, tokenizer, backend_classes, texts, order, question, prompt, 
         answer = greedy(model, logits, cache, position, answer_tokens, stop)
         rows = backend.attention_rows(view, prompt_ids, layers)
         dens = torch.stack([densities(rows[layer], view.spans(), mode) for layer in layers for mode in QueryMode])
-        found.append(Outcome(logits.float().cpu(), dens.float().cpu(), answer, view.prefix_length))
+        steps = backend.prefill(view, torch.cat([prompt_ids, prompt_ids.new_tensor(answer)]),
+                                logits_to_keep=len(answer) + 1)[0].float().topk(2).values
+        found.append(Outcome(logits.float().cpu(), dens.float().cpu(), answer, view.prefix_length,
+                             (steps[:, 0] - steps[:, 1]).cpu()))
     return found
+
+
+def tie_gap(fast: Outcome, truth: Outcome) -> float | None:
+    """Where the fast answer leaves the truth's (None: it does not), the truth's gap between its two largest
+    logits at that step: their prefixes are the same up to it, so it is the same context."""
+    if fast.answer == truth.answer:
+        return None
+    pairs = list(zip(fast.answer, truth.answer))
+    return float(truth.gaps[next((i for i, (a, b) in enumerate(pairs) if a != b), len(pairs))])
 
 
 @torch.no_grad()
@@ -124,7 +139,8 @@ def compare(model, tokenizer, texts=FRAGMENTS, order=(1, 0), question=QUESTION, 
         with in_float32(model):
             truth, = outcomes(model, tokenizer, (HiddenPrefixBackend,), *args)
     found = {"memory_tokens": truth.memory_tokens, "truth": "hidden_prefix in float32",
-             "logits_scale": float(truth.logits.abs().max()), "density_scale": float(truth.densities.abs().max())}
+             "logits_scale": float(truth.logits.abs().max()), "density_scale": float(truth.densities.abs().max()),
+             "tie_gap": tie_gap(fast, truth)}
     for name, outcome in (("fast", fast), ("reference", reference)):
         found |= {f"{name}_logits_error": float((outcome.logits - truth.logits).abs().max()),
                   f"{name}_density_error": float((outcome.densities - truth.densities).abs().max()),
@@ -134,11 +150,16 @@ def compare(model, tokenizer, texts=FRAGMENTS, order=(1, 0), question=QUESTION, 
 
 def judged(found: dict) -> dict:
     """The verdict on `compare`'s findings: the bounds the fast backend's errors were held to, and whether it
-    is exact (within them, and the truth's greedy answer wherever the reference in the same dtype gives it)."""
+    is exact: within them, and the truth's greedy answer wherever the reference in the same dtype gives it, unless
+    it leaves the truth's answer at a near tie. A near tie: the truth's two largest logits closer than twice the
+    logits bound, so that two logits each off by no more than the bound may swap (random 8B weights, init 0.02:
+    of 128k logits the top two often lie closer than bf16's error, and a GPU's fast path rounds otherwise than
+    its reference; tests/test_selfcheck.py)."""
     bounds = {kind: MARGIN * found[f"reference_{kind}_error"] + FLOAT32_TOLERANCE * max(floor, found[f"{kind}_scale"])
               for kind, floor in (("logits", 1.0), ("density", 1e-6))}
+    near_tie = found["tie_gap"] is not None and found["tie_gap"] <= 2 * bounds["logits"]
     exact = all(found[f"fast_{kind}_error"] <= bound for kind, bound in bounds.items()) and (
-        found["fast_answer_as_truth"] or not found["reference_answer_as_truth"])
+        found["fast_answer_as_truth"] or not found["reference_answer_as_truth"] or near_tie)
     return {**found, "logits_bound": bounds["logits"], "density_bound": bounds["density"], "margin": MARGIN,
             "float32_tolerance": FLOAT32_TOLERANCE, "exact": exact}
 

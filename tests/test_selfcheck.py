@@ -12,6 +12,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from harness import selfcheck
 from harness.errors import ConfigError
 from harness.models import ModelSpec
+from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.attention.positions import Rotary
 from tests.conftest import COMMON, LLAMA31_ROPE, tiny_model
@@ -105,3 +106,58 @@ def test_the_float32_truth_leaves_the_model_as_it_was(tokenizer):
         assert {t.dtype for t in model.parameters()} == {torch.float32}
     after = dict([*model.named_parameters(), *model.named_buffers()])
     assert all(after[name].dtype == t.dtype and torch.equal(after[name], t) for name, t in before.items())
+
+
+def at_8b_init_scale(seed: int) -> torch.nn.Module:
+    """A random bf16 Llama-3.1 drawn at the 8B checkpoint's init scale (std 0.02), 8 layers, a 4,096-token
+    vocabulary: its logits lie as close together as a random 8B's do."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(**{**COMMON, "num_hidden_layers": 8, "vocab_size": 4096, "max_position_embeddings": 4096},
+                         rope_parameters=LLAMA31_ROPE, initializer_range=0.02)
+    return AutoModelForCausalLM.from_config(config).eval().to(torch.bfloat16)
+
+
+def near_tie(model, tokenizer) -> None:
+    """The truth's first answer step made a near tie, as a 128k vocabulary often has one: the runner-up's row of
+    the output layer becomes the top token's plus a difference 10x the init scale, orthogonal to the truth's last
+    hidden state but for 1e-4 of a logit."""
+    seen = []
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: seen.append(args[0][0, -1].float()))
+    with selfcheck.in_float32(model):
+        truth, = selfcheck.outcomes(model, tokenizer, (HiddenPrefixBackend,), selfcheck.FRAGMENTS, (1, 0),
+                                    selfcheck.QUESTION, "plain", 1)
+    hook.remove()
+    hidden = seen[1]                                     # after the rotary probe's forward: the prompt's last row
+    top, second = truth.logits[-1].topk(2).indices.tolist()
+    step = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(0)) * 0.2
+    step -= (step @ hidden + 1e-4) / (hidden @ hidden) * hidden
+    with torch.no_grad():
+        model.lm_head.weight[second] = (model.lm_head.weight[top].float() + step).to(model.dtype)
+
+
+def rounded_otherwise(model) -> None:
+    """The fast backend's placed keys off by one unit of bf16 (their rotary tables by 2^-8 of their value): as a
+    GPU's fast path and its reference differ by their kernels' rounding, which the CPU's identical arithmetic
+    here does not show (without it both backends give the same bf16 logits)."""
+    rotary = Rotary.of(model)
+    exact = rotary.tables
+    rotary.tables = lambda total, like: [(c * (1 + 2 ** -8), s * (1 + 2 ** -8)) for c, s in exact(total, like)]
+
+
+@pytest.mark.parametrize("seed", range(1, 5))
+def test_a_fast_path_leaving_the_truths_answer_at_a_near_tie_at_the_8b_init_scale_is_not_refused(seed, tokenizer):
+    model = at_8b_init_scale(seed)
+    near_tie(model, tokenizer)
+    rounded_otherwise(model)
+    verdict = selfcheck.verify(KVPrefixBackend(model), tokenizer, ModelSpec("tiny", "tiny"))
+    assert verdict["exact"] and verdict["fast_logits_error"] <= verdict["logits_bound"]
+
+
+@pytest.mark.parametrize("seed", range(1, 5))
+@pytest.mark.parametrize("error", [off_by_one, wrong_base], ids=lambda f: f.__name__)
+def test_an_injected_position_error_at_the_8b_init_scale_is_still_refused(error, seed, tokenizer):
+    model = at_8b_init_scale(seed)
+    near_tie(model, tokenizer)
+    error(model)
+    with pytest.raises(ConfigError):
+        selfcheck.verify(KVPrefixBackend(model), tokenizer, ModelSpec("tiny", "tiny"))
