@@ -96,11 +96,10 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
         """The submitit executor of these launcher settings (as hydra-submitit-launcher builds it)."""
         import submitit
 
-        kind = self._EXECUTOR
-        init = {"submitit_folder", "max_num_timeout"}
-        executor = submitit.AutoExecutor(folder=self.params["submitit_folder"], cluster=kind,
-                                         **{f"{kind}_max_num_timeout": self.params[k] for k in init & {"max_num_timeout"}
-                                            if k in self.params})
+        kind, init = self._EXECUTOR, ("submitit_folder", "max_num_timeout")
+        timeouts = ({f"{kind}_max_num_timeout": self.params["max_num_timeout"]} if "max_num_timeout" in self.params
+                    else {})
+        executor = submitit.AutoExecutor(folder=self.params["submitit_folder"], cluster=kind, **timeouts)
         base = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(**{k if k in base else f"{kind}_{k}": v for k, v in self.params.items()
                                       if k not in init})
@@ -117,6 +116,7 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
         return {job.job_id: job.state for job in jobs}
 
     def launch(self, job_overrides, initial_job_idx: int) -> list[JobReturn]:
+        """Check, submit every run as one array, say where each goes, wait, and return their results."""
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         with stops_on_config_error("memdefrag"):
             executor = self.executor()
