@@ -6,10 +6,11 @@ leading `VAR=value` assignments set for that command):
 - `memdefrag <overrides>` and `memdefrag tracer-sweep <overrides>`: every job of the line (each point of a
   sweep) is composed and put through the runner's preflight, then the first job runs in-process. Each job
   runs on the tiny random checkpoint of tests/conftest.py (a tiny MemoryLLM or M+ for their models), with
-  1 group (one per shard), at most 2 updates (or up to the last `eval_steps`), at most 3 fragments or questions, contexts
-  cut to 200 tokens, 2 new tokens, one thread, no logger (unless the line sets one), and data made tiny under MEMDEFRAG_DATA (a
-  `<placeholder>` the reader fills in, such as `model.source=<folder>`, is the tiny checkpoint). A line
-  whose comment says `memdefrag: error: <message>` must be refused with that message instead.
+  one group (one per shard), at most 2 updates (or up to the last of `eval_steps`), at most 3 fragments or
+  questions, contexts cut to 200 tokens, 2 new tokens, one thread, no logger unless the line sets one, and
+  the data made tiny under MEMDEFRAG_DATA; a `<placeholder>` the reader fills in (`model.source=<folder>`)
+  is the tiny checkpoint. A line whose comment says `memdefrag: error: <message>` must be refused with
+  exactly that message instead.
 - `memdefrag <subcommand>`, `memdefrag-bench`, `python -m harness.<tool>`: the arguments are parsed by the
   tool's own parser and the tool stops there (an option or choice that no longer exists fails).
 - `make <target>`: `make -n <target>` must succeed (it is a dry run: nothing is built).
