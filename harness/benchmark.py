@@ -122,7 +122,7 @@ def build(shape: str | None, device: str, dtype: str, tokenizer: str | None = No
     torch.manual_seed(0)
     with torch.device(pick_device(device)):
         model = AutoModelForCausalLM.from_config(chosen.config_class(**chosen.config), dtype=DTYPES[dtype]).eval()
-    grouped_sdpa_on_cpu(model.device)
+    grouped_sdpa_on_cpu(model)
     return model, tokens, chosen.tracer_layer, chosen.query_mode
 
 

@@ -26,6 +26,7 @@ import methods.memoryllm.checkpoint  # noqa: F401 - registers model_type memoryl
 from harness import cache
 from harness.errors import ConfigError
 from methods.attention import decoder
+from methods.attention.decoder import attentions
 from methods.attention.tracing import QueryMode
 from methods.errors import one_of
 from methods.prompting import PromptStyle
@@ -232,13 +233,31 @@ def pick_device(device: str) -> str:
 SDPA_GROUPED = "TRANSFORMERS_SDPA_FORCE_GQA"
 
 
-def grouped_sdpa_on_cpu(device: torch.device) -> None:
-    """On a CPU, let transformers' sdpa attend with grouped key/value heads instead of copying every
-    key and value once per query head: the same kernel, bit for bit the same numbers
-    (tests/test_backends.py), half the time over a long memory. (On CUDA a mask would send grouped
-    heads to the slow math kernel, so it stays off there.)"""
-    if device.type == "cpu":
-        os.environ.setdefault(SDPA_GROUPED, "1")
+def grouped_sdpa_on_cpu(model) -> None:
+    """On a CPU, let transformers' sdpa attend with grouped key/value heads instead of copying every key and value
+    once per query head: the same kernel, bit for bit the same numbers (tests/test_backends.py), half the time over
+    a long memory. transformers reads the switch, an environment variable, at each attention call, so it is set
+    only around each attention call of this model made while its weights are on a CPU, and restored after: the
+    process environment is unchanged, and a CUDA model (where a mask would send grouped heads to the slow math
+    kernel) never sees it, in this process or one it starts."""
+    for module in attentions(model):
+        module.register_forward_pre_hook(_group_heads_on_cpu)
+        module.register_forward_hook(_restore_environment, always_call=True)
+
+
+_OUTER: list[str | None] = []            # the switch's value outside each attention call under way
+
+
+def _group_heads_on_cpu(module, args) -> None:
+    _OUTER.append(os.environ.get(SDPA_GROUPED))
+    if _OUTER[-1] is None and next(module.parameters()).device.type == "cpu":
+        os.environ[SDPA_GROUPED] = "1"
+
+
+def _restore_environment(module, args, output) -> None:
+    outer = _OUTER.pop()
+    if outer is None:
+        os.environ.pop(SDPA_GROUPED, None)
 
 
 def load(spec: ModelSpec):
@@ -254,5 +273,5 @@ def load(spec: ModelSpec):
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs).eval()
     if not spec.device_map:
         model.to(pick_device(spec.device))
-    grouped_sdpa_on_cpu(model.device)
+    grouped_sdpa_on_cpu(model)
     return model, _config_and_tokenizer(source, gguf_file, spec.trust_remote_code)[1]

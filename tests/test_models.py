@@ -1,4 +1,9 @@
-"""Model sources: GGUF conversions are cached by content, not by file name."""
+"""Model sources: GGUF conversions are cached by content, not by file name; loading leaves the environment as it was."""
+
+import os
+
+import pytest
+import torch
 
 from harness.models import content_key, converted_folder
 
@@ -34,3 +39,24 @@ def test_a_library_error_is_shown_whole_on_one_line_without_dead_links():
                   "main' for available files.")
     assert one_line_cause(err) == "/data/m does not appear to have a file named x.gguf."
     assert one_line_cause(OSError("x" * 500)).endswith("...") and len(one_line_cause(OSError("x" * 500))) == 400
+
+
+@pytest.mark.parametrize("how", ["load", "bench"])
+def test_a_cpu_load_leaves_the_environment_as_it_was_and_still_groups_sdpa_heads_in_its_own_calls(
+        how, tiny_checkpoint, monkeypatch):
+    """transformers reads TRANSFORMERS_SDPA_FORCE_GQA at every attention call, process-wide: set by a CPU load, it
+    would send every later CUDA model's masked attention to SDPA's math kernel. It is set only inside the CPU
+    model's own attention calls."""
+    from harness.benchmark import build
+    from harness.models import SDPA_GROUPED, ModelSpec, load
+    from methods.attention.decoder import attentions
+
+    monkeypatch.delenv(SDPA_GROUPED, raising=False)
+    before = dict(os.environ)
+    model = load(ModelSpec("tiny", tiny_checkpoint, device="cpu"))[0] if how == "load" else build("tiny", "cpu",
+                                                                                                  "float32")[0]
+    assert dict(os.environ) == before
+    seen = []
+    attentions(model)[0].register_forward_pre_hook(lambda module, args: seen.append(os.environ.get(SDPA_GROUPED)))
+    model(input_ids=torch.tensor([[1, 5, 7]]))
+    assert seen == ["1"] and dict(os.environ) == before
