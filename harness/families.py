@@ -134,7 +134,7 @@ def built(model_type: str, folder: Path, tokenizer) -> str | None:
             torch.manual_seed(0)
             model = AutoModelForCausalLM.from_config(config).eval()
             with torch.no_grad():
-                model(input_ids=torch.tensor([[1, 5, 6, 7, 8, 9]]))
+                model(input_ids=torch.tensor([[1, 5, 6, 7, 8, 9]], device=model.device))
             model.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
             return None

@@ -69,7 +69,7 @@ class TextMemory(Method):
             if len(taken) < len(lines):
                 break
         pieces = [piece for fragment in reversed(kept) for piece in fragment]
-        return torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.long)
+        return torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.long, device="cpu")
 
     def ids(self, text: str) -> torch.Tensor:
-        return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long, device="cpu")

@@ -26,7 +26,7 @@ from enum import StrEnum
 import torch
 from transformers import DynamicCache
 
-from methods.memory import Fragment, LatentMemory
+from methods.memory import Fragment, Layered, LatentMemory, pinned
 from methods.attention.decoder import DecoderError, cache_keyword, hooked, layers
 from methods.attention.positions import Rotary, watching_rotary
 from methods.errors import one_of
@@ -105,7 +105,7 @@ class Former:
             ids = [*self.tokenizer("", add_special_tokens=special)["input_ids"], *kept]
         if self.formation != "reference":
             ids = [*self.sink_ids(), *ids]
-        return torch.tensor(ids, dtype=torch.long)
+        return torch.tensor(ids, dtype=torch.long, device="cpu")
 
     def sink_ids(self) -> list[int]:
         """What every fragment is formed behind (not under ``reference``): the sink token, then the header (whose
@@ -129,11 +129,11 @@ class Former:
         """
         first = memory.sink is None
         whole = self.form(self.token_ids(text, first, kept), text, reuse)
-        sink = torch.arange(len(self.sink_ids()) if self.formation != "reference" else 1)
+        sink = torch.arange(len(self.sink_ids()) if self.formation != "reference" else 1, device="cpu")
         if first:
             memory.sink = whole.take(sink)
         if self.formation in ("shared_sink", "shared_prefix") or (first and self.formation == "reference"):
-            whole = whole.take(torch.arange(len(sink), len(whole)))                # its sink positions are not kept
+            whole = whole.take(torch.arange(len(sink), len(whole), device="cpu"))   # its sink positions are not kept
         if len(whole) == 0:
             raise ValueError(f"fragment {text[:40]!r} is empty after tokenization")
         return whole
@@ -152,7 +152,7 @@ class Former:
 
     def _prefill(self, ids: torch.Tensor, text: str, fid: int) -> Fragment:
         if not (self.keep_kv or self.keep_states or self.keep_self_info):
-            return Fragment(fid, text, ids, torch.full((len(ids),), float("inf")))
+            return Fragment(fid, text, ids, torch.full((len(ids),), float("inf"), device="cpu"))
         device = self.model.device
         cache = DynamicCache()
         watch = watching_rotary(self.model) if self.keep_kv else nullcontext()
@@ -161,8 +161,9 @@ class Former:
         # Gemma-4's layers that reuse another layer's keys)
         run = self.model if self.keep_self_info else self.model.get_decoder()
         with capture_layer_inputs(self.model) as inputs, watch as rotated:
-            out = run(input_ids=ids.view(1, -1).to(device), **{cache_keyword(run): cache}, use_cache=True)
-        self_info = torch.full((len(ids),), float("inf"))
+            out = run(input_ids=ids.view(1, -1).to(device, non_blocking=True), **{cache_keyword(run): cache},
+                      use_cache=True)
+        self_info = torch.full((len(ids),), float("inf"), device="cpu")
         if self.keep_self_info:
             nll = next_token_nll(out.logits[0], ids)
             self_info = torch.cat([torch.tensor([float("inf")], device=device), nll]).cpu()
@@ -170,15 +171,15 @@ class Former:
         if self.keep_kv:
             rotary = Rotary.of(self.model)
             keys, values = rotary.unrotated(rotated, cache)
-            fragment.keys = rotary.stacked([self.kept(k) for k in keys])          # [L, kv, T, d]
-            fragment.values = rotary.stacked([self.kept(v) for v in values])      # [L, kv, T, d_v]
+            fragment.keys = self.kept(keys, rotary.stacked)          # [L, kv, T, d]
+            fragment.values = self.kept(values, rotary.stacked)      # [L, kv, T, d_v]
         if self.keep_states:
-            fragment.states = self.kept(torch.cat(inputs))                      # [L, T, hidden]
+            fragment.states = self.kept(inputs, torch.cat)          # [L, T, hidden]
         return fragment
 
-    def kept(self, t: torch.Tensor) -> torch.Tensor:
-        """A formed tensor where the memory lives (see Residence)."""
+    def kept(self, per_layer: list[torch.Tensor], stack) -> torch.Tensor | Layered:
+        """Formed layer tensors stacked where the memory lives (see Residence): on the host, each layer copied
+        there (no second copy on the device) and pinned once stacked, so the stored tensor is the pinned one."""
         if self.memory_on == "model":
-            return t
-        t = t.cpu()
-        return t.pin_memory() if torch.cuda.is_available() else t
+            return stack(per_layer)
+        return pinned(stack([t.cpu() for t in per_layer]))

@@ -56,15 +56,26 @@ class Fragment:
 
 
 def _select(t: torch.Tensor, positions: torch.Tensor, dim: int) -> torch.Tensor:
-    """Positions [T'] along `dim` of every layer, or [layers, T'] (layer i keeps row i) of t [layers, ...]."""
-    positions = positions.to(t.device)
+    """Positions [T'] along `dim` of every layer, or [layers, T'] (layer i keeps row i) of t [layers, ...]; the
+    positions go to t's device without the host waiting, and a selection of a pinned tensor is pinned."""
+    positions = positions.to(t.device, non_blocking=True)
     if positions.dim() == 1:
-        return t.index_select(dim, positions)
-    view = [1] * t.dim()
-    view[0], view[dim] = positions.shape
-    size = list(t.shape)
-    size[dim] = positions.shape[1]
-    return t.gather(dim, positions.view(view).expand(size))
+        out = t.index_select(dim, positions)
+    else:
+        view = [1] * t.dim()
+        view[0], view[dim] = positions.shape
+        size = list(t.shape)
+        size[dim] = positions.shape[1]
+        out = t.gather(dim, positions.view(view).expand(size))
+    return pinned(out) if t.is_pinned() else out
+
+
+def pinned(t: torch.Tensor | Layered) -> torch.Tensor | Layered:
+    """A host tensor (or each group of a Layered) in page-locked memory where a CUDA device can copy from it
+    without the host waiting (placement overlaps compute); as it is on a machine without one."""
+    if isinstance(t, Layered):
+        return Layered(t.layers, tuple(map(pinned, t.parts)))
+    return t.pin_memory() if torch.cuda.is_available() else t
 
 
 @dataclass(frozen=True)

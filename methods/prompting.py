@@ -29,7 +29,7 @@ def prompt_template(tokenizer, style: str) -> tuple[str, str]:
 
 
 def token_ids(tokenizer, text: str) -> torch.Tensor:
-    return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long, device="cpu")
 
 
 def format_prompt(tokenizer, question: str, style: str) -> torch.Tensor:

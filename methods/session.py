@@ -130,7 +130,7 @@ class Session:
                                                                logits_to_keep=1, reading=plan.reading)
                 memory_tokens = latent.prefix_length
             else:
-                text_ids = torch.empty(0, dtype=torch.long) if plan.text_ids is None else plan.text_ids
+                text_ids = torch.empty(0, dtype=torch.long, device="cpu") if plan.text_ids is None else plan.text_ids
                 if plan.text_ids is None:           # no memory read: the prompt whole, its header included
                     prompt_ids = format_prompt(self.tokenizer, question, prompt or self.prompt)
                 logits, cache, position = self.text.prefill(text_ids, prompt_ids)

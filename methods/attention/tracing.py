@@ -31,11 +31,12 @@ def masked_scores(query, key, attention_mask, scaling=None, softcap=None) -> tor
 
     query: [1, heads, q_len, d]; key: [1, kv_heads, kv_len, d]; the queries are the last q_len
     positions of the kv_len keys. Query heads are grouped onto their key/value head, so keys are
-    never repeated per head."""
+    never repeated per head. The product is taken in fp32 (q and k cast first), so densities and APE's merge
+    read logits unrounded by a half-precision model's dtype."""
     _, heads, q_len, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
-    grouped = query.reshape(1, kv_heads, heads // kv_heads * q_len, dim)
-    scores = torch.matmul(grouped, key.transpose(2, 3)).float().view(1, heads, q_len, kv_len)
+    grouped = query.float().reshape(1, kv_heads, heads // kv_heads * q_len, dim)
+    scores = torch.matmul(grouped, key.float().transpose(2, 3)).view(1, heads, q_len, kv_len)
     scores = scores * (scaling or dim ** -0.5)
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
@@ -224,5 +225,5 @@ def ranks(values: torch.Tensor) -> torch.Tensor:
     """1-based rank of each fragment, densest first (ties keep the earlier fragment first)."""
     order = torch.argsort(-values, stable=True)
     out = torch.empty_like(order)
-    out[order] = torch.arange(1, len(values) + 1)
+    out[order] = torch.arange(1, len(values) + 1, device=values.device)
     return out

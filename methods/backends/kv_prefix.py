@@ -144,7 +144,7 @@ class KVPrefixBackend:
     def __init__(self, model):
         self.model = model
         self.traced: Placed | None = None     # the last trace's placed memory, kept for the next question
-        self.last_prompt = torch.empty(0, dtype=torch.long)     # and its prompt, whose keys/values follow it,
+        self.last_prompt = torch.empty(0, dtype=torch.long, device="cpu")  # and its prompt, whose keys/values follow it,
         self.last_rows: dict[int, torch.Tensor] = {}            # and rows
         self.checked: tuple | None = None      # CacheBlend's check: (sink and fragments, layer, recomputed cache)
 
@@ -245,8 +245,8 @@ def pad(rows: torch.Tensor, width: int) -> torch.Tensor:
 def run_after(model, cache: Cache, ids: torch.Tensor, start: int, **kwargs):
     """Run `ids` [T] at positions start..start+T-1, after the `start` positions `cache` holds."""
     positions = torch.arange(start, start + len(ids), device=model.device).view(1, -1)
-    return model(input_ids=ids.view(1, -1).to(model.device), **{decoder.cache_keyword(model): cache}, position_ids=positions,
-                 use_cache=True, **kwargs)
+    return model(input_ids=ids.view(1, -1).to(model.device, non_blocking=True), **{decoder.cache_keyword(model): cache},
+                 position_ids=positions, use_cache=True, **kwargs)
 
 
 def rows_after(model, cache: Cache, prompt_ids: torch.Tensor, start: int, layers: list[int]):

@@ -21,11 +21,11 @@ class TextPrefix:
     def __init__(self, model):
         self.model = model
         self.layers = [PrefixLayer() for _ in range(model.config.get_text_config().num_hidden_layers)]
-        self.ids = torch.empty(0, dtype=torch.long)
+        self.ids = torch.empty(0, dtype=torch.long, device="cpu")
 
     def forget(self) -> None:
         """Hold nothing: the next text is run in full (its buffers are kept)."""
-        self.ids = torch.empty(0, dtype=torch.long)
+        self.ids = torch.empty(0, dtype=torch.long, device="cpu")
 
     @torch.no_grad()
     def hold(self, ids: torch.Tensor) -> Cache:

@@ -93,8 +93,8 @@ class LLMLingua2(Compressor):
         first, last = tokenizer.cls_token_id, tokenizer.sep_token_id
         keep = []
         for start in range(0, len(ids), window):
-            inputs = torch.tensor([[first, *ids[start:start + window], last]])
-            keep.append(model(input_ids=inputs.to(self.device)).logits[0, 1:-1].softmax(-1)[:, 1].cpu())
+            inputs = torch.tensor([[first, *ids[start:start + window], last]], device=self.device)
+            keep.append(model(input_ids=inputs).logits[0, 1:-1].softmax(-1)[:, 1].cpu())
         keep = torch.cat(keep).tolist() if keep else []
         spans: dict[int, list[int]] = {}
         for (start, end), word, p in zip(encoding["offset_mapping"], word_ids, keep):

@@ -91,7 +91,7 @@ class PoolWriter:
         self.memory = self.memory_class(sink=sink)
         if model.pool_ready:
             count = config.stm_slots // config.num_tokens
-            blocks = torch.arange(count).repeat_interleave(config.num_tokens) - count
+            blocks = torch.arange(count, device="cpu").repeat_interleave(config.num_tokens) - count
             self.memory.states = model.memory.detach()
             self.memory.origin = blocks.expand(config.num_hidden_layers, -1).clone()
             self.memory.order = list(range(-count, 0))                  # the checkpoint's blocks
@@ -102,13 +102,13 @@ class PoolWriter:
         """The slots `text` (or the ids a compressor `kept` of it) writes; token ids: the context tokens
         whose outputs they are (-1 where a slot is an old slot's output)."""
         ids = torch.tensor(kept if kept is not None else
-                           self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+                           self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long, device="cpu")
         if len(ids) == 0:
             raise ValueError(f"fragment {text[:40]!r} is empty after tokenization")
         slots = inject(self.model, memory, ids)
         fid, self._next_id = self._next_id, self._next_id + 1
-        tokens = torch.cat([torch.full((max(0, slots.shape[1] - len(ids)),), -1), ids])[-slots.shape[1]:]
-        return Fragment(fid, text, tokens, torch.full((len(tokens),), float("inf")), states=slots)
+        tokens = torch.cat([torch.full((max(0, slots.shape[1] - len(ids)),), -1, device="cpu"), ids])[-slots.shape[1]:]
+        return Fragment(fid, text, tokens, torch.full((len(tokens),), float("inf"), device="cpu"), states=slots)
 
     def admit(self, memory: SlotMemory, fragment: Fragment) -> int:
         """Drop as many random slots as join (the authors' rule), then append; returns the slots dropped."""

@@ -51,7 +51,7 @@ class SlotMemory:
         """[start, end) positions of each fragment at `layer` (empty where it has no slot there)."""
         counts = [(self.origin[layer] == fid).sum().item() for fid in self.order]
         first = 1 + (self.origin[layer] == LEAD).sum().item()
-        ends = torch.tensor(counts).cumsum(0).add(first).tolist()
+        ends = torch.tensor(counts, device="cpu").cumsum(0).add(first).tolist()
         return list(zip([first, *ends[:-1]], ends))
 
     def stacked(self, name: str, dim: int) -> torch.Tensor:
@@ -102,7 +102,7 @@ class SlotMemory:
 
     def append(self, fid: int, states: torch.Tensor) -> None:
         """A fragment's slots [L, n, hidden] after the pool, at every layer."""
-        origin = torch.full(states.shape[:2], fid, dtype=torch.long)
+        origin = torch.full(states.shape[:2], fid, dtype=torch.long, device="cpu")
         self.states = states if self.states is None else torch.cat([self.states, states.to(self.states)], dim=1)
         self.origin = origin if self.origin is None else torch.cat([self.origin, origin], dim=1)
         self.order.append(fid)

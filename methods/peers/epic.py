@@ -27,5 +27,5 @@ class EPIC(Peer):
         self.k = k
 
     def reading(self, view: LatentMemory, backend) -> Reading:
-        firsts = [torch.arange(start, min(start + self.k, end)) for start, end in view.spans()]
-        return Reading(recompute=torch.cat(firsts) if firsts else torch.empty(0, dtype=torch.long))
+        firsts = [torch.arange(start, min(start + self.k, end), device="cpu") for start, end in view.spans()]
+        return Reading(recompute=torch.cat(firsts) if firsts else torch.empty(0, dtype=torch.long, device="cpu"))

@@ -67,7 +67,8 @@ class BM25(Ranker):
         index = bm25s.BM25()
         index.index(bm25s.tokenize(corpus, stopwords="en", show_progress=False), show_progress=False)
         words = bm25s.tokenize([question.text], stopwords="en", return_ids=False, show_progress=False)[0]
-        return torch.tensor(index.get_scores(words) if words else [0.0] * len(corpus), dtype=torch.float32)
+        return torch.tensor(index.get_scores(words) if words else [0.0] * len(corpus), dtype=torch.float32,
+                            device="cpu")
 
 
 class Dense(Ranker):
@@ -114,14 +115,14 @@ class Oracle(Ranker):
     needs_targets = True
 
     def scores(self, memory, prompt_ids, backend, question):
-        return torch.tensor([float(fragment.fid in question.targets) for fragment in memory.fragments])
+        return torch.tensor([float(fragment.fid in question.targets) for fragment in memory.fragments], device="cpu")
 
 
 class Recency(Ranker):
     """The newest stored fragment first (by when it was stored, not where it now stands)."""
 
     def scores(self, memory, prompt_ids, backend, question):
-        return torch.tensor([float(fragment.fid) for fragment in memory.fragments])
+        return torch.tensor([float(fragment.fid) for fragment in memory.fragments], device="cpu")
 
 
 class Random(Ranker):
