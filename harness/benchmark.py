@@ -23,7 +23,9 @@ SmolLM2; on a GPU the peak memory is the CUDA allocator's.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from evals.retention import Retention
 from harness.errors import ConfigError, OneLineParser, stops_on_config_error
-from harness.outputs import writable_file, writable_folder
+from harness.outputs import nearest_existing, writable_file, writable_folder
 from harness.models import DTYPES, ModelSpec, check_device, check_source, grouped_sdpa_on_cpu, load, pick_device
 from methods.formation import Former
 from methods.backends.hidden_prefix import HiddenPrefixBackend
@@ -124,6 +126,26 @@ def build(shape: str | None, device: str, dtype: str, tokenizer: str | None = No
         model = AutoModelForCausalLM.from_config(chosen.config_class(**chosen.config), dtype=DTYPES[dtype]).eval()
     grouped_sdpa_on_cpu(model)
     return model, tokens, chosen.tracer_layer, chosen.query_mode
+
+
+def checkpoint_bytes(shape: str, dtype: str) -> int:
+    """What --save-random writes for `shape` in `dtype`: its parameters' bytes (the tokenizer's few MB aside),
+    counted on the meta device, where nothing is allocated."""
+    chosen = SHAPES[shape]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(chosen.config_class(**chosen.config), dtype=DTYPES[dtype])
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def room_for_checkpoint(folder: str, shape: str, dtype: str) -> None:
+    """Print what a random checkpoint of `shape` will take and the room where it goes; refuse in one line, before
+    any weight is drawn, where the disk holding `folder` has less (an 8B shape is 16 to 20 GB)."""
+    need, free = checkpoint_bytes(shape, dtype), shutil.disk_usage(nearest_existing(Path(folder))).free
+    print(f"--save-random {folder}: {shape} in {dtype} takes about {need / 1e9:.3g} GB; {free / 1e9:.3g} GB free "
+          f"there", flush=True)
+    if need > free:
+        raise ConfigError(f"--save-random {folder}: {shape} in {dtype} needs about {need / 1e9:.3g} GB and the disk "
+                          f"holding it has {free / 1e9:.3g} GB free; give a folder on a disk with room")
 
 
 def save_random(shape: str, folder: str, device: str, dtype: str, tokenizer: str | None = None) -> None:
@@ -265,7 +287,8 @@ def retention(args: argparse.Namespace, updates: int) -> Retention:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = OneLineParser(prog="memdefrag-bench", description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="nqa")
-    parser.add_argument("--data-dir", default="../shared/data")
+    parser.add_argument("--data-dir", default=os.environ.get("MEMDEFRAG_DATA", "../shared/data"),
+                        help="default: $MEMDEFRAG_DATA, else ../shared/data")
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 26], help="stored fragments per point")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="other questions asked after the first")
@@ -295,6 +318,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             writable_file("--out", args.out)
         if args.save_random:
             writable_folder("--save-random", args.save_random)
+            room_for_checkpoint(args.save_random, args.shape, args.dtype)
         tokenizer = tokenizer_of(args.tokenizer)
         if not args.save_random:                  # saving a random checkpoint reads no data
             try:

@@ -7,15 +7,38 @@
 # memoryllm-8b's and mplus-8b's shapes) over a 50-update group each, for their columns of tab:runtime.
 # The self-check's verdicts on the 8B shape come first (fp32, bf16, fp16), and tab:gpu-memory also runs Top-2 on the
 # paper's own formulation (backend=hidden_prefix) at N_max.
-# Usage: MEMDEFRAG_DATA=<folder with nqa/ and squad/> results/run_gpu.sh   (env OUT, default results/gpu;
-# CKPT, default /tmp/llama31_8b_random; TOKENIZER, a tokenizer folder for the random shapes where the embedded
-# SmolLM2 is not installed). On an offline GPU node: see the README's "On a GPU node without network".
+# Usage (docs/gpu.md): MEMDEFRAG_DATA=<folder with nqa/ and squad/> CKPT=<folder on a disk with 20 GB free>
+# results/run_gpu.sh. Env: OUT (default results/gpu); CKPT, where the random checkpoints are written (default
+# /tmp/memdefrag-checkpoints), each right before its runs and removed after them unless KEEP_CHECKPOINTS=1 (one on
+# the disk at a time, 16-20 GB; a folder that already holds one is used and kept); TOKENIZER (default
+# $GPU_TOKENIZER, which .gpu/enter.sh sets), a tokenizer folder for the random shapes where the embedded SmolLM2 is
+# not installed; PYTHON (default python3).
 set -euo pipefail
-out=${OUT:-results/gpu}; ckpt=${CKPT:-/tmp/llama31_8b_random}; data=${MEMDEFRAG_DATA:-../shared/data}
-tok=(); [ -z "${TOKENIZER:-}" ] || tok=(--tokenizer "$TOKENIZER")
-mkdir -p "$out"
+out=${OUT:-results/gpu}; ckpt=${CKPT:-/tmp/memdefrag-checkpoints}; py=${PYTHON:-python3}
+export MEMDEFRAG_DATA=${MEMDEFRAG_DATA:-../shared/data}
+data=$MEMDEFRAG_DATA
+tokenizer=${TOKENIZER:-${GPU_TOKENIZER:-}}
+tok=(); [ -z "$tokenizer" ] || tok=(--tokenizer "$tokenizer")
+mkdir -p "$out" "$ckpt"
+"$py" - "$ckpt" <<'PY'
+import shutil, sys
+from harness.benchmark import checkpoint_bytes
+sizes = {shape: checkpoint_bytes(shape, "bfloat16") / 1e9 for shape in ("llama31_8b", "memoryllm_8b", "mplus_8b")}
+print(f"random checkpoints under {sys.argv[1]}, one at a time: " + ", ".join(f"{s} {gb:.3g} GB" for s, gb in
+      sizes.items()) + f"; {shutil.disk_usage(sys.argv[1]).free / 1e9:.3g} GB free there", flush=True)
+PY
+checkpoint() {   # shape folder: a random checkpoint of the shape saved there, unless the folder holds one already
+  [ -d "$2" ] && return
+  memdefrag-bench --device cuda --dtype bfloat16 --shape "$1" --save-random "$2" "${tok[@]}"
+  written+=("$2")
+}
+release() {      # the checkpoints this script wrote, removed unless KEEP_CHECKPOINTS=1
+  [ "${KEEP_CHECKPOINTS:-0}" = 1 ] || rm -rf "${written[@]}"
+  written=()
+}
+written=()
 for dtype in float32 bfloat16 float16; do
-  python -m harness.selfcheck --shape llama31_8b --device cuda --dtype "$dtype" "${tok[@]}" \
+  "$py" -m harness.selfcheck --shape llama31_8b --device cuda --dtype "$dtype" "${tok[@]}" \
     --out "$out/selfcheck_$dtype.md"
 done
 for dtype in bfloat16 float16; do
@@ -25,9 +48,9 @@ done
 # tab:peers at the paper's N_max (26 NaturalQA fragments): full prefill, vanilla, MemDefrag and the peers, bf16
 memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --sizes 26 --repeats 3 --data-dir "$data" \
   "${tok[@]}" --methods none text vanilla memdefrag ape epic cacheblend --out "$out/peers_speed_gpu_bfloat16.md"
-[ -d "$ckpt" ] || memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --save-random "$ckpt" "${tok[@]}"
-model="model=hf model.source=$ckpt model.name=llama31_8b_random model.dtype=bfloat16 model.tracer_layer=13
-       model.query_mode=last model.memory_capacity=12800"
+checkpoint llama31_8b "$ckpt/llama31_8b"
+model="model=hf model.source=$ckpt/llama31_8b model.name=llama31_8b_random model.dtype=bfloat16
+       model.tracer_layer=13 model.query_mode=last model.memory_capacity=12800"
 # shellcheck disable=SC2086
 memdefrag experiment=runtime $model task.groups=2 method=vanilla,memdefrag_top1,memdefrag_top2 \
   task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime"
@@ -36,11 +59,13 @@ memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none hydra.s
 # shellcheck disable=SC2086
 memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none backend=hidden_prefix \
   method=memdefrag_top2 hydra.sweep.dir="$out/gpu_memory_hidden_prefix"
+release
 for kind in memoryllm mplus; do
-  [ -d "${ckpt}_$kind" ] || memdefrag-bench --device cuda --dtype bfloat16 --shape "${kind}_8b" \
-    --save-random "${ckpt}_$kind" "${tok[@]}"
-  memdefrag experiment=runtime model=hf model.source="${ckpt}_$kind" model.name="${kind}_8b_random" model.dtype=bfloat16 \
-    model.tracer_layer=13 model.query_mode=last backend=hidden_prefix forgetting=none task.shuffle=false \
-    task.groups=2 method="$kind" task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime_$kind"
+  checkpoint "${kind}_8b" "$ckpt/${kind}_8b"
+  memdefrag experiment=runtime model=hf model.source="$ckpt/${kind}_8b" model.name="${kind}_8b_random" \
+    model.dtype=bfloat16 model.tracer_layer=13 model.query_mode=last backend=hidden_prefix forgetting=none \
+    task.shuffle=false task.groups=2 method="$kind" task.data_dir="$data" logger=none \
+    hydra.sweep.dir="$out/runtime_$kind"
+  release
 done
 memdefrag report results

@@ -112,3 +112,33 @@ def test_each_sessions_peak_memory_is_its_own_while_sessions_take_turns(monkeypa
             assert meter.ask(key, session, question) == question
     assert meter.gb("tracer") == 115 and meter.gb("plain") == 120      # not 130: the tracer's 10 are not its own
     assert PeakMemory(torch.device("cpu")).gb("plain") is None
+
+
+def test_the_benchmark_reads_its_data_from_memdefrag_data(tmp_path, monkeypatch, capsys):
+    """An offline GPU node points every command at its data with MEMDEFRAG_DATA, the bench included."""
+    from harness.benchmark import parse
+
+    monkeypatch.setenv("MEMDEFRAG_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(SystemExit):
+        parse(["--shape", "tiny", "--sizes", "2"])
+    assert str(tmp_path / "nowhere") in capsys.readouterr().err
+
+
+def test_a_random_checkpoint_states_its_size_first_and_is_refused_where_the_disk_lacks_room(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """The 8B shapes write 16 to 20 GB each: the size is printed before any weight is drawn, and a disk with less
+    room refuses in one line with nothing written."""
+    import shutil
+    from collections import namedtuple
+
+    main(["--shape", "tiny", "--save-random", str(tmp_path / "saved")])
+    said = capsys.readouterr().out.splitlines()[0]
+    written = sum(f.stat().st_size for f in (tmp_path / "saved").glob("*.safetensors"))
+    stated = float(said.split("about ")[1].split(" GB")[0]) * 1e9
+    assert said.startswith(f"--save-random {tmp_path / 'saved'}: tiny in float32") and abs(stated / written - 1) < 0.01
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(written, written - (4 << 20), 4 << 20))
+    with pytest.raises(SystemExit) as stopped:
+        main(["--shape", "tiny", "--save-random", str(tmp_path / "full")])
+    err = capsys.readouterr().err.strip()
+    assert stopped.value.code == 2 and "\n" not in err and "GB free" in err and not (tmp_path / "full").exists()

@@ -1,11 +1,17 @@
 """The GPU tier: `pytest -m gpu` on a machine with CUDA (skipped without one, so CI, which has none, skips it).
 What no CPU test reaches: every shipped experiment's tiny form on CUDA in float32, compared with the CPU regression
 cache; the same in bfloat16, to completion; the self-check in the low precisions on the device; `memdefrag-bench
---device cuda` on a tiny shape with both backends. The float32 comparison allows 1e-4 on recorded numbers
+--device cuda` on a tiny shape with both backends; no host sync inside the fast path's decode steps; the formed
+fragments kept between jobs held on the host. The float32 comparison allows 1e-4 on recorded numbers
 (densities, scores: CUDA's kernels sum in another order than the CPU's) and no changed answer: a flipped greedy
-token is a finding to explain (a near tie of two logits), not noise to loosen."""
+token is a finding to explain (a near tie of two logits), not noise to loosen.
+
+Self-contained on an offline node (docs/gpu.md): the data from MEMDEFRAG_DATA (the tasks' and the bench's default),
+the random shapes' tokenizer from GPU_TOKENIZER (which .gpu/enter.sh sets) where the embedded SmolLM2 is not
+installed."""
 
 import math
+import os
 
 import pandas as pd
 import pytest
@@ -19,6 +25,7 @@ from tests.conftest import EXPERIMENTS, REGRESSION, sweep_points, tiny_run_confi
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 STAND_INS = {"memoryllm_comparison": "tiny_memoryllm", "mplus_comparison": "tiny_mplus"}
+TOKENIZER = ["--tokenizer", os.environ["GPU_TOKENIZER"]] if os.environ.get("GPU_TOKENIZER") else []
 FLOAT32_ON_CUDA = Tolerance(numbers=1e-4)
 
 
@@ -72,7 +79,7 @@ def test_the_benchmark_on_cuda_times_both_backends_and_their_outputs_agree(tmp_p
 
     out = tmp_path / "speed.md"
     main(["--shape", "tiny", "--device", "cuda", "--sizes", "2", "3", "--new-tokens", "5", "--repeats", "2",
-          "--hidden-prefix", "--out", str(out)])
+          "--hidden-prefix", "--out", str(out), *TOKENIZER])
     header, _, *lines = out.read_text().splitlines()
     assert "device=cuda" in header
     table = pd.DataFrame([[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]],
@@ -100,3 +107,56 @@ def test_a_memory_in_pinned_host_memory_answers_as_one_on_the_device(tokenizer):
         answers[where] = session.ask("where is the cat?")
     assert answers["model"].text == answers["host"].text
     assert answers["model"].densities == pytest.approx(answers["host"].densities, abs=1e-6)
+
+
+def test_the_fast_paths_decode_steps_never_wait_for_the_host(tokenizer):
+    """Every decode step's forward (one new id against the placed memory) runs under
+    torch.cuda.set_sync_debug_mode("error"): a host sync inside one raises. The stop look every few tokens and the
+    ids read at the end lie outside the steps (methods/generation.py)."""
+    from methods.backends.kv_prefix import KVPrefixBackend
+    from methods.memdefrag import MemDefrag
+    from methods.session import Session
+    from tests.conftest import FRAGMENTS, tiny_model
+
+    model = tiny_model("llama").cuda()
+    session = Session(model, tokenizer, KVPrefixBackend(model), MemDefrag(2, 1, "mean"), "shared_sink", "plain", 16)
+    session.stop = set()
+    for text in FRAGMENTS:
+        session.store(text)
+    steps = []
+
+    def strict(module, args, kwargs):
+        ids = kwargs.get("input_ids")
+        if ids is not None and ids.shape[-1] == 1:
+            steps.append(1)
+            torch.cuda.set_sync_debug_mode("error")
+
+    hooks = [model.register_forward_pre_hook(strict, with_kwargs=True),
+             model.register_forward_hook(lambda *_: torch.cuda.set_sync_debug_mode("default"), always_call=True)]
+    try:
+        answer = session.ask("where is the cat?")
+    finally:
+        for hook in hooks:
+            hook.remove()
+        torch.cuda.set_sync_debug_mode("default")
+    assert answer.tokens == 16 and len(steps) == 15
+
+
+def test_the_fragments_kept_between_jobs_are_held_on_the_host_and_served_on_the_device(tokenizer, monkeypatch):
+    from harness import runner
+    from harness.formed import tensors
+    from harness.models import ModelSpec
+    from methods.formation import Former
+    from methods.memory import LatentMemory
+    from tests.conftest import FRAGMENTS, tiny_model
+
+    monkeypatch.setattr(runner, "_FORMED", {})
+    model = tiny_model("llama").cuda()
+    formed = runner.formed_fragments(ModelSpec("tiny", "tiny", device="cuda"))
+    former = Former(model, tokenizer, keep_states=True, reuse=formed)
+    memory = LatentMemory()
+    stored = [former.store(memory, text, reuse=True) for text in FRAGMENTS]
+    assert len(formed) == len(FRAGMENTS)
+    assert all(t.device.type == "cpu" for key in formed for t in tensors(formed._held[key][0]))
+    again = Former(model, tokenizer, keep_states=True, reuse=formed).store(LatentMemory(), FRAGMENTS[0], reuse=True)
+    assert again.keys.is_cuda and torch.equal(again.keys, stored[0].keys)
