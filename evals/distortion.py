@@ -11,6 +11,7 @@ without distortion.
 from __future__ import annotations
 
 import pandas as pd
+import torch
 from scipy import stats
 
 from evals.datasets import Dataset
@@ -33,7 +34,8 @@ class Distortion(Retention):
         prompt_ids = session.prompt_ids(group.target.question)
         rows = session.trace(session.memory, prompt_ids, layers)
         index = session.memory.ids().index(target_id)
-        return {"density": {mode: [float(densities(rows[l], session.memory.spans(), mode)[index]) for l in layers]
+        spans = session.memory.spans()
+        return {"density": {mode: torch.stack([densities(rows[l], spans, mode)[index] for l in layers]).tolist()
                             for mode in QueryMode}}
 
     def metrics(self, records: list[dict]) -> pd.DataFrame:

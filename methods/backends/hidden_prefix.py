@@ -38,18 +38,21 @@ def edited_layer_inputs(model, edit):
 def stored_prefix(model, states: torch.Tensor, reading: Reading = Reading()):
     """Replace positions [0, M) of every decoder layer's input with states [L, M, hidden], except where
     `reading` recomputes them: every position through its `recompute_through` layer, its `recompute` positions
-    at every layer (layer 0's input, the embeddings, is always the stored one)."""
+    at every layer (layer 0's input, the embeddings, is always the stored one). The recomputed positions are a
+    mask [M, 1] on the model's device, made once: a layer reads no index from the host."""
     prefix_len = states.shape[1]
-    stored = torch.ones(prefix_len, dtype=torch.bool)
+    recomputed = None
     if reading.recompute is not None:
-        stored[reading.recompute.cpu()] = False
-    kept = stored.nonzero().squeeze(1)
+        recomputed = torch.zeros(prefix_len, 1, dtype=torch.bool, device=model.device)
+        recomputed[reading.recompute.to(model.device, non_blocking=True)] = True
 
     def replace(index, hidden):
         if hidden.shape[1] < prefix_len or 0 < index <= reading.recompute_through:
             return False
-        rows = slice(0, prefix_len) if index == 0 else kept
-        hidden[:, rows] = states[index][rows].to(hidden.device, hidden.dtype)
+        stored = states[index].to(hidden.device, hidden.dtype, non_blocking=True)
+        if index > 0 and recomputed is not None:
+            stored = torch.where(recomputed, hidden[0, :prefix_len], stored)
+        hidden[0, :prefix_len] = stored
 
     return edited_layer_inputs(model, replace)
 
@@ -77,7 +80,7 @@ class HiddenPrefixBackend:
                              f"recomputing memory positions needs backend=fast")
         states = memory.stacked("states", dim=1)                       # [L, 1+N, hidden]
         embed = embeddings(self.model)
-        prompt = embed(prompt_ids.view(1, -1).to(self.model.device))
+        prompt = embed(prompt_ids.view(1, -1).to(self.model.device, non_blocking=True))
         dummy = prompt.new_zeros(1, states.shape[1], prompt.shape[-1])
         inputs = torch.cat([dummy, prompt], dim=1)
         positions = torch.arange(inputs.shape[1], device=self.model.device).view(1, -1)

@@ -128,22 +128,23 @@ class MPlusWriter(PoolWriter):
 
 def retrieved(layer, long_term: LongTerm, cached: LongTerm | None, prompt: torch.Tensor, count: int) -> torch.Tensor:
     """The `count` entries [count, hidden] one layer retrieves for the prompt's input [T, hidden], oldest first.
-    Entries are numbered long-term first, then cached; only the chosen states are copied."""
+    Entries are numbered long-term first, then cached; only the chosen states are copied. Scores are taken in
+    fp32 (the top-k does not depend on the device's half-precision rounding); the choice stays on the prompt's
+    device, the entries' ages joining it without the host waiting, so a layer makes no host sync."""
     parts = [long_term] if cached is None else [long_term, cached]
+    device = prompt.device
     if len(long_term.keys) < count:             # too few long-term entries: all of them, cyclically
-        index = torch.arange(len(long_term.keys)).repeat(-(-count // len(long_term.keys)))[-count:]
+        index = torch.arange(len(long_term.keys), device=device).repeat(-(-count // len(long_term.keys)))[-count:]
     else:
-        queries = layer.self_attn.query_proj(layer.input_layernorm(prompt))
-        keys = torch.cat([part.keys for part in parts]).to(queries)
-        index = torch.topk((queries @ keys.T).sigmoid().mean(dim=0), k=count).indices.sort().values.cpu()
-    ages = np.concatenate([part.ages for part in parts])[index.numpy()]
-    index = index[torch.from_numpy(np.argsort(ages, kind="stable")[::-1].copy())]
+        queries = layer.self_attn.query_proj(layer.input_layernorm(prompt)).float()
+        keys = torch.cat([part.keys for part in parts]).to(device, torch.float32)
+        index = torch.topk((queries @ keys.T).sigmoid().mean(dim=0), k=count).indices.sort().values
+    ages = torch.from_numpy(np.concatenate([part.ages for part in parts])).to(device, non_blocking=True)[index]
+    index = index[torch.argsort(ages, stable=True).flip(0)]     # numpy's stable argsort, reversed: oldest first
     first = len(long_term.states)
-    chosen = long_term.states.new_empty(count, long_term.states.shape[-1])
-    old = index < first
-    chosen[old] = long_term.states[index[old]]
+    chosen = long_term.states[index.clamp(max=first - 1)]
     if cached is not None:
-        chosen[~old] = cached.states[index[~old] - first].to(chosen)
+        chosen = torch.where((index < first)[:, None], chosen, cached.states[(index - first).clamp(min=0)].to(chosen))
     return chosen
 
 
@@ -164,12 +165,12 @@ def retrieval_view(model, memory: MPlusMemory, prompt_ids: torch.Tensor) -> Slot
         if index == len(blocks) - 1:
             raise StopForward                   # the last layer's retrieval is all that is left to know
 
-    embeds = embeddings(model)(prompt_ids.view(1, -1).to(model.device))
+    embeds = embeddings(model)(prompt_ids.view(1, -1).to(model.device, non_blocking=True))
     inputs = torch.cat([embeds.new_zeros(1, width, embeds.shape[-1]), embeds], dim=1)
     positions = torch.arange(inputs.shape[1], device=model.device).view(1, -1)
     with edited_layer_inputs(model, retrieve):
         until_stopped(decoder, inputs_embeds=inputs, position_ids=positions, use_cache=False)
-    lead = torch.full((len(chosen), count), LEAD, dtype=torch.long)
+    lead = torch.full((len(chosen), count), LEAD, dtype=torch.long, device="cpu")
     return SlotMemory(memory.sink, torch.cat([torch.stack(chosen).to(memory.states), memory.states], dim=1),
                       torch.cat([lead, memory.origin], dim=1), list(memory.order))
 

@@ -30,7 +30,8 @@ def best_window(scores: torch.Tensor, width: int) -> int:
     n = len(scores)
     if width >= n:
         return 0                                   # the whole memory, in stored order
-    sums = [float(sum(scores[(start + j) % n] for j in range(width))) for start in range(n)]
+    values = scores.cpu().numpy()                  # summed in the scores' own dtype, one after another
+    sums = [sum(values[(start + j) % n] for j in range(width)) for start in range(n)]
     return max(range(n), key=lambda start: (sums[start], -start))
 
 

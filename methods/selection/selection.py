@@ -77,7 +77,8 @@ class Selection(Method):
         return {"index": clock(torch.device("cpu")) - start}
 
     def order(self, scores: torch.Tensor) -> list[int]:
-        """The kept fragments' indices, in reading order."""
+        """The kept fragments' indices, in reading order: host work on the scores, read to the host once."""
+        scores = scores.cpu()
         if self.arrangement != "best_last":
             return rotated(scores, self.window, cut=self.arrangement == "window")
         keep = {"topk": self.k, "all": None, "adaptive": adaptive_k(scores, self.tau, self.k_max)}[self.size]
