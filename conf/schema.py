@@ -24,10 +24,15 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 import yaml
+from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.utils import get_class
 from omegaconf import MISSING, SI, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from harness.errors import ConfigError
 from harness.models import ModelSpec
 from harness.runner import Backend
 from methods.formation import Formation, Residence
@@ -119,7 +124,46 @@ def register() -> None:
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunSchema)
     for path in sorted(CONF.glob("*/*.yaml")):
-        target = (yaml.safe_load(path.read_text()) or {}).get("_target_")
-        if target:
-            name, node = plugin_schema(path.parent.name, target)
+        config = yaml.safe_load(path.read_text()) or {}
+        if config.get("_target_"):
+            name, node = plugin_schema(path.parent.name, config["_target_"])
             store.store(group=path.parent.name, name=name, node=node)
+            extended = [d for d in config.get("defaults", []) if isinstance(d, str) and d.endswith("_schema")]
+            MISNAMED.update({path: (given, name) for given in extended if given != name})
+
+
+MISNAMED: dict[Path, tuple[str, str]] = {}     # a YAML file -> (the schema it extends, its class's schema name)
+
+
+def check_names() -> None:
+    """Refuse a plugin YAML that extends a schema under another name than its class's (Hydra would say only that
+    it cannot find the name given), naming the one expected."""
+    if MISNAMED:
+        path, (given, expected) = next(iter(MISNAMED.items()))
+        raise ConfigError(f"{path.relative_to(CONF.parent)} extends {given}, but the schema of its _target_'s class "
+                          f"is named {expected} (the class name in lower case + _schema): write "
+                          f"`defaults: [{expected}, _self_]`")
+
+
+def check_booleans(config_name: str, args: list[str]) -> None:
+    """Refuse a command-line value other than true or false for a boolean option (OmegaConf would take 2 as
+    true), naming the key and the value: composed once, an option whose value came out a bool from another
+    literal is refused."""
+    parser = OverridesParser.create()
+    try:
+        overrides = parser.parse_overrides([a for a in args if not a.startswith("-")])
+    except HydraException:
+        return                                  # the composition reports a malformed override in one line
+    loose = [(o.key_or_group, value) for o in overrides if o.value_type is not None
+             for value in (o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()])
+             if str(value).lower() not in ("true", "false", "null")]
+    if not loose:
+        return
+    with initialize_config_module("conf", version_base="1.3"):
+        try:
+            cfg = compose(config_name, overrides=[o.input_line for o in overrides if not o.is_sweep_override()])
+        except (HydraException, OmegaConfBaseException, ValueError):
+            return                              # the composition reports it in one line
+    for key, value in loose:
+        if isinstance(OmegaConf.select(cfg, key, default=None), bool):
+            raise ConfigError(f"{key}={value}: {key} is a boolean option, it takes true or false")

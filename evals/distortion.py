@@ -10,6 +10,8 @@ without distortion.
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import torch
 from scipy import stats
@@ -53,8 +55,17 @@ def accuracy_by_step(records: list[dict]) -> pd.Series:
     return pd.DataFrame(records).groupby("step")["correct"].mean()
 
 
+def fisher_interval(r: float, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The 95 % interval of a Pearson r over n points (Fisher's z); nan where n <= 3 or r is nan."""
+    if n <= 3 or math.isnan(r):
+        return float("nan"), float("nan")
+    centre, spread = math.atanh(max(min(r, 1 - 1e-12), -1 + 1e-12)), z / math.sqrt(n - 3)
+    return math.tanh(centre - spread), math.tanh(centre + spread)
+
+
 def correlations(records: list[dict]) -> pd.DataFrame:
-    """Per query mode and layer: Pearson and Spearman r between per-step density and accuracy, best first.
+    """Per query mode and layer: Pearson r (with its Fisher interval over the steps) and Spearman r between
+    per-step density and accuracy, best first.
 
     `accuracy_levels` counts the distinct per-step accuracies: with two (a model at the floor after
     step 1, say) every r is decided by one step and says little.
@@ -66,8 +77,9 @@ def correlations(records: list[dict]) -> pd.DataFrame:
         for layer in density.columns:
             pair = (density[layer].to_numpy(), accuracy.loc[density.index].to_numpy())
             constant = any((values == values[0]).all() for values in pair)
-            rows.append({"query_mode": mode, "layer": int(layer),
-                         "pearson": float("nan") if constant else stats.pearsonr(*pair).statistic,
+            pearson = float("nan") if constant else stats.pearsonr(*pair).statistic
+            rows.append({"query_mode": mode, "layer": int(layer), "pearson": pearson,
+                         **dict(zip(("pearson low", "pearson high"), fisher_interval(pearson, len(density)))),
                          "spearman": float("nan") if constant else stats.spearmanr(*pair).statistic,
                          "steps": len(density), "accuracy_levels": accuracy.nunique()})
     return pd.DataFrame(rows).sort_values(["query_mode", "pearson", "layer"], ascending=[True, False, True],

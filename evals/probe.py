@@ -16,6 +16,7 @@ import pandas as pd
 
 from evals.datasets import Dataset
 from evals.retention import Group, Retention
+from evals.stats import bootstrap_mean, wilson
 from methods.errors import ConfigError
 from methods.attention.decoder import num_layers
 from methods.attention.tracing import QueryMode, densities, ranks
@@ -111,14 +112,23 @@ class Probe:
 
 
 def tracing_table(records: list[dict]) -> pd.DataFrame:
-    """Per query mode and layer: mean rank of the target and Top-k tracing accuracy (%), best first."""
+    """Per query mode and layer: mean rank of the target with its 95 % bootstrap interval over groups (a group's
+    probes share its fragments), and Top-k tracing accuracy (%) with its Wilson interval, best first."""
     rows = []
+    groups = [r.get("group", i) for i, r in enumerate(records)]
     for mode in QueryMode:
         per_layer = pd.DataFrame([r["ranks"][mode] for r in records],      # probes x layers
                                  columns=records[0].get("layers", range(len(records[0]["ranks"][mode]))))
         for layer in per_layer.columns:
             rank = per_layer[layer]
-            rows.append({"query_mode": mode, "layer": int(layer), "mean_rank": rank.mean(),
-                         **{f"top{k}": 100 * (rank <= k).mean() for k in TOP}, "probes": len(rank)})
+            mean, low, high = bootstrap_mean(rank.to_numpy(float), groups)
+            tops = {}
+            for k in TOP:
+                hits = int((rank <= k).sum())
+                bounds = wilson(hits, len(rank))
+                tops |= {f"top{k}": 100 * hits / len(rank), f"top{k} low": 100 * bounds[0],
+                         f"top{k} high": 100 * bounds[1]}
+            rows.append({"query_mode": mode, "layer": int(layer), "mean_rank": mean, "mean_rank low": low,
+                         "mean_rank high": high, **tops, "probes": len(rank)})
     table = pd.DataFrame(rows)
     return table.sort_values(["query_mode", "mean_rank", "layer"]).reset_index(drop=True)

@@ -139,12 +139,14 @@ def rank_of(fid: int, densities: dict[int, float]) -> int | None:
 
 
 def accuracy_by_step(records: list[dict]):
-    """Metrics table: accuracy with its n and 95 % Wilson interval, mean target rank and memory size per step."""
+    """Metrics table: accuracy with its n and 95 % Wilson interval, mean target rank, and per step the memory
+    tokens the answer read (`read_tokens`: what a selection keeps) beside those stored (`memory_tokens`)."""
     import pandas as pd
 
     frame = pd.DataFrame(records)
+    read = {"read_tokens": ("used_tokens", "mean")} if "used_tokens" in frame else {}
     table = frame.groupby("step").agg(accuracy=("correct", "mean"), n=("correct", "size"),
-                                      target_rank=("target_rank", "mean"),
+                                      target_rank=("target_rank", "mean"), **read,
                                       memory_tokens=("memory_tokens", "mean")).reset_index()
     bounds = [wilson(int(round(a * n)), int(n)) for a, n in zip(table["accuracy"], table["n"])]
     table.insert(3, "accuracy_low", [low for low, _ in bounds])

@@ -17,6 +17,7 @@ from harness.errors import OneLineParser
 from harness.figures import accuracy_and_density, correlation_bars, density_heatmap
 from harness.plugins import declared_tables
 from harness.results import read_jsonl
+from harness.sections import with_bounds
 from methods.attention.tracing import QueryMode
 
 
@@ -28,7 +29,7 @@ def write_analysis(folder: str | Path, records: list[dict]) -> list[Path]:
     tables = declared_tables(target)
     if "tab:retrieval_layers" in tables:
         out = folder / "tracing.md"
-        out.write_text(tracing_table(records).to_markdown(index=False, floatfmt=".2f") + "\n")
+        out.write_text(with_bounds(tracing_table(records)).to_markdown(index=False, floatfmt=".2f") + "\n")
         return [out]
     if "fig:distortion" not in tables:
         raise ValueError(f"{folder} is a {target} run; analysis figures exist for probe and distortion runs")

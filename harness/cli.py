@@ -10,6 +10,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import conf  # noqa: F401 - registers the typed schemas the configs extend
+from conf import schema
 from harness import cache, catalog, collect, compare, migrate, report, shards, tracer_layers
 from harness.errors import OneLineParser, stops_on_config_error
 from harness.jobs import check_jobs
@@ -90,10 +91,14 @@ def main() -> None:
         del sys.argv[1]
         with stops_on_config_error("memdefrag tracer-sweep"):
             tracer_layers.start_file()
+            schema.check_names()
+            schema.check_booleans("tracer_sweep", sys.argv[1:])
             check_jobs("tracer_sweep", sys.argv[1:])
         tracer_sweep()
     else:
         with stops_on_config_error("memdefrag"):
+            schema.check_names()
+            schema.check_booleans("config", sys.argv[1:])
             check_jobs("config", sys.argv[1:])
         app()
 

@@ -1,32 +1,112 @@
-"""Plugins from config: a `_target_` node instantiated, its bad values turned into ConfigErrors; what a
-task plugin declares about its results."""
+"""Plugins from config: a `_target_` node instantiated, checked against what the harness uses of its kind
+(CONTRACTS), its bad values turned into ConfigErrors; what a task plugin declares about its results."""
 
 from __future__ import annotations
 
 import functools
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from harness.errors import ConfigError
 
+# What the harness uses of each kind of plugin (by config group) and how it calls it: a member and the arguments
+# it passes (None: an attribute it reads). Subclassing methods.base.Method, methods.forgetting.Forgetting or
+# methods.compression.compressor.Compression gives every member but the one the kind is about.
+CONTRACTS: dict[str, dict[str, tuple[str, ...] | None]] = {
+    "method": {"plan": ("memory", "prompt_ids", "backend", "question"), "check": ("num_layers",),
+               "check_model": ("model_config",), "for_group": ("index",), "stored": ("fragment",),
+               "with_tokenizer": ("tokenizer",), "backends": None, "needs_latent": None, "needs_targets": None,
+               "keeps_own_memory": None, "recomputes": None},
+    "task": {"check": (), "check_model": ("model_config", "tokenizer"), "groups": ("tokenizer",),
+             "run_group": ("session", "group"), "metrics": ("records",), "describe": ()},
+    "forgetting": {"for_group": ("index",), "admit": ("memory", "fragment"), "capacity": None, "layerwise": None,
+                   "needs_self_info": None},
+    "compression": {"__call__": ("text", "model", "tokenizer"), "check": (), "describe": ()},
+}
+OPTIONS = {"task": ("dataset",)}       # options the harness reads from a kind's config node (run tags, tables)
+
 
 def build(node: DictConfig, what: str, **kwargs):
-    """Instantiate a plugin config; a bad value becomes a ConfigError naming it."""
+    """Instantiate a plugin config and check it against its kind's contract; a bad value or a missing piece
+    becomes a ConfigError naming it."""
     fields = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
     fields.pop("label", None)
     try:
-        get_class(str(fields.get("_target_")))
+        cls = get_class(str(fields.get("_target_")))
     except (ImportError, ValueError, AttributeError) as err:        # a _target_ that names no class
         raise ConfigError(f"{what}._target_={fields.get('_target_')!r} names no class this harness can import "
                           f"({str(err).splitlines()[0]})") from None
+    for option in OPTIONS.get(what, ()):
+        if option not in fields:
+            raise ConfigError(f"{what} {cls.__name__} has no `{option}` option: the harness names each run by its "
+                              f"{what}.{option} (give its constructor a `{option}` parameter)")
+    with refused(what):
+        try:
+            plugin = instantiate(fields, **kwargs)
+        except Exception as err:  # noqa: BLE001 - Hydra wraps the constructor's ValueError
+            raise err.__cause__ or err from None
+    check_contract(plugin, what)
+    return plugin
+
+
+@contextmanager
+def refused(what: str) -> Iterator[None]:
+    """A plugin's ValueError or TypeError (its constructor's, its `check`'s) as one ConfigError line, prefixed
+    with its kind unless the message already names one of its options."""
     try:
-        return instantiate(fields, **kwargs)
-    except Exception as err:  # noqa: BLE001 - Hydra wraps the constructor's ValueError
-        cause = err.__cause__ or err
-        if isinstance(cause, (ValueError, TypeError)):
-            raise ConfigError(f"{what}: {cause}") from None
-        raise
+        yield
+    except (ValueError, TypeError) as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(message if message.startswith(f"{what}.") else f"{what}: {message}") from None
+
+
+def check_contract(plugin, what: str) -> None:
+    """Refuse a plugin that lacks a member its kind's contract names, or whose member cannot take the call the
+    harness makes, naming the member and the call."""
+    name = type(plugin).__name__
+    for member, arguments in CONTRACTS.get(what, {}).items():
+        if not hasattr(plugin, member):
+            shown = member if arguments is None else f"{member}({', '.join(arguments)})"
+            raise ConfigError(f"{what} {name} has no `{shown}`, which the harness uses")
+        if arguments is None:
+            continue
+        found = getattr(plugin, member)
+        try:
+            inspect.signature(plugin if member == "__call__" else found).bind(*arguments)
+        except TypeError:
+            shown = "" if member == "__call__" else f".{member}"
+            raise ConfigError(f"{what} {name}{shown}{inspect.signature(found)} cannot take the harness's call "
+                              f"{member}({', '.join(arguments)})") from None
+        except ValueError:          # a builtin without a signature: taken as it is
+            continue
+
+
+def check_groups(groups: list, what: str = "task") -> None:
+    """Refuse a task whose groups lack what the runner reads of them: an integer `index` and `texts()`, the
+    texts the group stores, taken with no arguments."""
+    for group in groups:
+        index = getattr(group, "index", None)
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise ConfigError(f"{what}: its group {type(group).__name__} has index={index!r}; the runner needs an "
+                              f"integer `index` per group (results and resume are kept per group)")
+        texts = getattr(group, "texts", None)
+        try:
+            inspect.signature(texts).bind()
+        except (TypeError, ValueError):
+            raise ConfigError(f"{what}: its group {type(group).__name__} needs `texts()`, taking no arguments, "
+                              f"that lists the texts it stores (forgetting checks each fits its capacity)") from None
+
+
+def check_record(record, group: int, what: str = "task") -> None:
+    """Refuse a record the results cannot keep: a dict, with the `group` it answers (resume counts by it)."""
+    if not isinstance(record, dict) or record.get("group") != group:
+        found = record.get("group") if isinstance(record, dict) else type(record).__name__
+        raise ConfigError(f"{what}: run_group yielded a record with group={found!r} for group {group}; each "
+                          f"record must be a dict whose `group` is its group's index")
 
 
 @functools.cache

@@ -18,13 +18,14 @@ from evals.longbench import longbench_table
 from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
 from harness.comparisons import peers_section, rankers_section
+from evals.stats import wilson, with_interval
 from harness.errors import ConfigError, OneLineParser
 from harness.plugins import table_titles
 from harness.figures import accuracy_against_time, accuracy_curves
 from harness.migrate import migrate_all
 from harness.results import read_jsonl
 from harness.sections import (BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, Run, Section, labelled, runs_under,
-                               step_records, step_table)
+                               step_records, step_table, with_bounds)
 from harness.tracer_layers import recorded, tracers_file
 from harness.summary import accuracy_table
 
@@ -130,7 +131,7 @@ def probe_section(root, runs) -> Section:
     for run in chosen:
         records = read_jsonl(run.folder / "predictions.jsonl")
         memory = "text" if run.config["method"]["label"] == "text" else "latent"
-        table = tracing_table(records).groupby("query_mode").head(5)
+        table = with_bounds(tracing_table(records).groupby("query_mode").head(5))
         layers = records[0]["layers"]
         if layers == list(range(len(layers))):          # every layer probed: the paper's band is known
             table["in_band"] = table["layer"].isin(band(len(layers))).map({True: "yes", False: "no"})
@@ -141,7 +142,8 @@ def probe_section(root, runs) -> Section:
         [full] = write_analysis(run.folder, records)
         links.append(f"[{folder}]({full.relative_to(root)})")
     return Section(label, title, pd.concat(frames, ignore_index=True).round(2),
-                   after="Every layer, best first: " + ", ".join(links) + ". `in_band`: the layer lies in "
+                   after="Mean rank with its 95 % bootstrap interval over groups, Top-k with its Wilson interval. "
+                         "Every layer, best first: " + ", ".join(links) + ". `in_band`: the layer lies in "
                          "floor(L/3)..ceil(L/2), where the paper (App. F) looks for the tracer layer.")
 
 
@@ -166,14 +168,19 @@ def distortion_section(root, runs) -> Section:
         records = read_jsonl(run.folder / "predictions.jsonl")
         figures = [p for p in write_analysis(run.folder, records) if p.suffix == ".png"]
         frame = pd.DataFrame(records)
-        steps = frame.groupby("step").agg(accuracy=("correct", "mean"), memory_tokens=("memory_tokens", "mean"))
-        steps["accuracy"] = (100 * steps["accuracy"]).round(1)
-        best = correlations(records).groupby("query_mode").head(3).round(3)
+        steps = frame.groupby("step").agg(correct=("correct", "sum"), n=("correct", "size"),
+                                          memory_tokens=("memory_tokens", "mean"))
+        steps.insert(0, "accuracy", [with_interval(k / n, *wilson(int(k), int(n))) for k, n in
+                                     zip(steps["correct"], steps["n"])])
+        steps = steps.drop(columns=["correct", "n"])
+        best = with_bounds(correlations(records).groupby("query_mode").head(3), digits=3)
         parts += [f"### {run.config['task']['dataset']}, {run.config['method']['label']} memory "
                   f"({frame.group.nunique()} groups, "
                   f"`{run.folder.relative_to(root)}`)",
                   steps.T.astype(object).to_markdown(), best.to_markdown(index=False),
                   *(f"![{p.stem}]({p.relative_to(root)})" for p in figures)]
+    parts.append("Accuracy with its 95 % Wilson interval over the groups; Pearson r with its 95 % Fisher interval "
+                 "over the steps.")
     return Section(label, title, text="\n\n".join(parts))
 
 

@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
+import pandas as pd
 import torch
 import yaml
 from omegaconf import OmegaConf
@@ -287,6 +288,9 @@ def read_run_info(folder: Path) -> dict:
 def metrics_table(task, records: list[dict], label: str):
     """The task's metrics of `records`, labelled with the method."""
     metrics = task.metrics(records)
+    if not isinstance(metrics, pd.DataFrame):
+        raise ConfigError(f"task {type(task).__name__}.metrics returned a {type(metrics).__name__}; it must return a "
+                          f"pandas DataFrame (the run's metrics.csv)")
     metrics.insert(0, "method", label)
     return metrics
 

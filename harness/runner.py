@@ -20,7 +20,7 @@ from harness import selfcheck, shards
 from harness.errors import ConfigError
 from harness.formed import FormedFragments
 from harness.models import ModelSpec, check_source, load, one_line_cause
-from harness.plugins import build
+from harness.plugins import build, check_groups, check_record, refused
 from harness.results import ResultFolder, flattened, metrics_table, peak_memory_mb, reset_peak_memory
 from methods.attention.decoder import num_layers
 from methods.forgetting import CapacityError
@@ -91,8 +91,9 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
         raise ConfigError(f"{named('method')} reads the fragments a task marks as holding the answer, and "
                           f"task {cfg.task._target_.rsplit('.', 1)[-1]} marks none: use a task that does "
                           f"(retention, distortion, longbench)")
-    task.check()
-    task.check_model(model_config, tokenizer)
+    with refused("task"):
+        task.check()
+        task.check_model(model_config, tokenizer)
     positions = trained_window(model_config)
     if positions is not None and cfg.max_new_tokens >= positions:
         raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} must be smaller than the model's "
@@ -114,6 +115,7 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
     except ValueError as err:
         raise ConfigError(str(err)) from None
     groups = shards.select(task.groups(tokenizer), shard)
+    check_groups(groups)
     if forgetting.capacity is not None:
         texts = {text for group in groups for text in group.texts()}
         longest = max(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts)
@@ -200,6 +202,7 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
         try:
             with window.watching(model):
                 for record in task.run_group(session, group):
+                    check_record(record, group.index)
                     record.update(method=label, forgetting=cfg.forgetting.label, beyond_window=window.take())
                     folder.add(record)
                     answered.append(record)

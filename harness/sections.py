@@ -149,3 +149,13 @@ def step_table(records: pd.DataFrame, value: str = "correct") -> pd.DataFrame:
     table = pd.DataFrame([[cells.get((row, run), "") for run in columns] for row in rows], columns=columns,
                          index=pd.MultiIndex.from_tuples(rows, names=["dataset", "step"]))
     return table.loc[:, (table != "").any()]
+
+
+def with_bounds(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
+    """Each column with `<column> low` and `<column> high` beside it shown as `value [low, high]`, those gone."""
+    table = table.copy()
+    for column in [c for c in table.columns if f"{c} low" in table.columns and f"{c} high" in table.columns]:
+        table[column] = [f"{v:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]" for v, low, high in
+                         zip(table[column], table[f"{column} low"], table[f"{column} high"])]
+        table = table.drop(columns=[f"{column} low", f"{column} high"])
+    return table

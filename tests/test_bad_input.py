@@ -262,6 +262,19 @@ CASES = [
     (["-m", "method.k=1,x"], "method.k='x' is not allowed: use an integer >= 1 or 'all' (job method.k=x"),
     (["-m", "task.groups=1,0"], "task.groups=0 and task.updates=20 must both be >= 1 (job task.groups=0"),
     (["-m", "backend=fast,slow"], "backend: Invalid value 'slow'"),
+    # a newcomer's plugins, each breaking its kind's contract in one way (tests/test_plugins.py)
+    (["method=vanilla", "method._target_=tests.test_plugins.RecencyWindow"], "error: method RecencyWindow.plan(memory, "
+     "prompt_ids, backend) cannot take the harness's call plan(memory, prompt_ids, backend, question)"),
+    (["method=vanilla", "method._target_=tests.test_plugins.Budgeted"], "error: method.budget=0 must be >= 1"),
+    (["task._target_=tests.test_plugins.ShortWindow"], "error: task: this task needs a window of 1,000,000 positions"),
+    (["task._target_=tests.test_plugins.Unnumbered"], "error: task: its group Group has index=None"),
+    (["task._target_=tests.test_plugins.TextsOfAStep"], "error: task: its group Group needs `texts()`"),
+    # a boolean takes true or false, not a number OmegaConf would read as true
+    (["task.shuffle=2"], "task.shuffle=2: task.shuffle is a boolean option, it takes true or false"),
+    (["resume=2"], "resume=2: resume is a boolean option"),
+    (["model.trust_remote_code=2"], "model.trust_remote_code=2: model.trust_remote_code is a boolean option"),
+    (["task=locomo", "task.trace_layers=2"], "task.trace_layers=2: task.trace_layers is a boolean option"),
+    (["-m", "task.shuffle=true,0"], "task.shuffle=0: task.shuffle is a boolean option"),
     (["-m", "model.device=cpu,meta"], "model.device='meta' is not a device this harness runs on: use auto, cpu, "
      "cuda or cuda:<index> (job model.device=meta"),
 ]

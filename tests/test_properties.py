@@ -1,6 +1,6 @@
 """From cases to a property: overrides drawn from the option space the project declares (every config group's
 options, every key of the composed config), with valid values, boundaries, wrong types, non-finite numbers, odd
-paths and empty strings. Each draw either starts its job (checked, never run: no weights load) or ends the
+paths, empty strings and integers for booleans. Each draw either starts its job (checked, never run: no weights load) or ends the
 command with exit 2 and one line naming one of the options it was given before Hydra runs anything; never a
 traceback, never a write. A fixed seed and MEMDEFRAG_DRAWS draws (default 40); every failure it found is kept as
 an explicit row of tests/test_bad_input.py."""
@@ -22,13 +22,15 @@ from tests.test_config import composed
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = {group: sorted(p.stem for p in (CONF / group).glob("*.yaml"))
           for group in ("method", "task", "forgetting", "compression", "model")}
-KEYS = sorted(k for k in flattened(OmegaConf.to_container(composed("logger=none"), resolve=False))
-              if not k.startswith(("hydra", "logger")))
+DEFAULTS = flattened(OmegaConf.to_container(composed("logger=none"), resolve=False))
+KEYS = sorted(k for k in DEFAULTS if not k.startswith(("hydra", "logger")))
+BOOLEANS = sorted(k for k in KEYS if isinstance(DEFAULTS[k], bool))      # take true or false, nothing else
 VALUES = ["0", "1", "-1", "2", "1000000000", "0.5", "-0.5", "nan", "inf", "-inf", "abc", "''", "true", "null",
           "[1,2]", "[]", "/nonexistent/x", "../escaped"]
 OVERRIDES = st.one_of(
     st.sampled_from([f"{group}={option}" for group, options in GROUPS.items() for option in options]),
-    st.builds(lambda key, value: f"{key}={value}", st.sampled_from(KEYS), st.sampled_from(VALUES)))
+    st.builds(lambda key, value: f"{key}={value}", st.sampled_from(KEYS), st.sampled_from(VALUES)),
+    st.builds(lambda key, value: f"{key}={value}", st.sampled_from(BOOLEANS), st.integers(-3, 3)))
 DRAWS = int(os.environ.get("MEMDEFRAG_DRAWS", "40"))
 
 
@@ -63,4 +65,6 @@ def test_every_drawn_command_line_starts_or_is_refused_in_one_line_naming_its_op
         assert not started
     else:
         assert len(started) == 1, overrides
+        assert not any(o.split("=")[0] in BOOLEANS and o.split("=")[1].lower() not in ("true", "false")
+                       for o in overrides), overrides                    # a boolean given anything else ran
     assert list(folder.iterdir()) == [], overrides                            # the checks wrote nothing
