@@ -3,8 +3,9 @@ report reads them all alike.
 
 - config.yaml: every setting added since the run was written, at the value it then had (harness.results.as_of_now),
   so that no table splits a method's column on a setting that older runs did not record;
-- predictions.jsonl: each record annotated by the record hooks of this version (RECORD_HOOKS), groups.jsonl's
-  hashes following;
+- predictions.jsonl: each record annotated by the record hooks of this version (RECORD_HOOKS: the positions it
+  read past its model's trained window, harness/window_records.py), groups.jsonl's hashes following;
+- run.json: how many records read past the window (harness/window_records.py);
 - metrics.csv: the task's metrics of the finished groups' records as this version computes them (intervals
   included).
 
@@ -24,10 +25,11 @@ from harness.errors import ConfigError, OneLineParser
 from harness.plugins import build
 from harness.results import as_of_now, atomic_write, digest, metrics_table, read_config, read_jsonl, read_lines
 from harness.summary import run_folders
+from harness.window_records import summarize, with_beyond_window
 
 # Functions (config, records) -> records that annotate the records of an older run with a field this version
 # writes; each returns the records unchanged where it has nothing to add.
-RECORD_HOOKS: list[Callable[[dict, list[dict]], list[dict]]] = []
+RECORD_HOOKS: list[Callable[[dict, list[dict]], list[dict]]] = [with_beyond_window]
 
 
 def finished(folder: Path, records: list[dict]) -> list[dict]:
@@ -72,6 +74,8 @@ def migrate(folder: Path) -> list[str]:
         changed.append("predictions.jsonl")
     metrics_file = folder / "metrics.csv"
     records = finished(folder, read_jsonl(folder / "predictions.jsonl"))
+    if summarize(folder, now, records):
+        changed.append("run.json")
     if metrics_file.is_file() and records:
         task = build(OmegaConf.create(now["task"]), "task")
         text = metrics_table(task, records, now["method"]["label"]).to_csv(index=False)

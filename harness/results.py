@@ -120,7 +120,7 @@ def digest(lines: list[str]) -> str:
 
 class ResultFolder:
     # settings that do not change a run's answers: a resumed run may change them
-    FREE = ("threads", "logger", "resume")
+    FREE = ("threads", "logger", "resume", "allow_beyond_window")   # change no answer (the last: whether one runs)
 
     def __init__(self, folder: str | Path, cfg, resume: bool = True):
         self.folder = Path(folder)

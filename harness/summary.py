@@ -19,7 +19,7 @@ from harness.results import as_of_now, flattened, read_jsonl
 
 # settings a run's label already says, or that do not make it another run
 IMPLIED = ("method._target_", "method.k", "method.label", "forgetting", "compression", "task.dataset",
-           "task.eval_steps", "task.groups", "shard", "threads", "logger", "resume", "study")
+           "task.eval_steps", "task.groups", "shard", "threads", "logger", "resume", "study", "allow_beyond_window")
 
 
 def run_folders(*roots: str | Path) -> list[Path]:

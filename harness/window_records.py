@@ -31,7 +31,7 @@ from methods.window import positions, trained_window, window_summary
 
 def model_window(config: dict):
     """(trained window, tokenizer) of a run's model, read offline; (None, None) where its source is gone (a
-    temporary checkpoint)."""
+    temporary checkpoint) or its config does not name one."""
     names = {f.name for f in dataclasses.fields(ModelSpec)}
     return source_window(json.dumps({k: v for k, v in config["model"].items() if k in names}, sort_keys=True))
 
@@ -41,7 +41,7 @@ def source_window(spec: str):
     """model_window of a model's settings (as JSON: read once per model)."""
     try:
         config, tokenizer = check_source(ModelSpec(**json.loads(spec)))
-    except ConfigError:
+    except (ConfigError, TypeError):                # TypeError: a model config without a source
         return None, None
     return trained_window(config), tokenizer
 
@@ -89,6 +89,7 @@ def summarize(folder: Path, config: dict, records: list[dict]) -> bool:
     if "window" in info:
         return False
     window, _ = model_window(config)
-    info["window"] = window_summary(window, bool(config.get("allow_beyond_window", False)), records)
+    allowed = config.get("allow_beyond_window", True)          # a run from before the setting: nothing refused
+    info["window"] = window_summary(window, allowed, records)
     atomic_write(path, json.dumps(info, indent=2))
     return True

@@ -25,6 +25,7 @@ from methods.attention.decoder import cache_keyword
 
 SCALED = ("yarn", "longrope", "llama3")       # RoPE types that extend a stated pretraining length by `factor`
 DECLARED = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
+BEYOND_MARK = "(past window)"                 # a table's mark on a run that read past its model's trained window
 WAYS_OUT = "lower model.memory_capacity, or set allow_beyond_window=true to study reads beyond it deliberately"
 
 
@@ -131,6 +132,12 @@ def window_summary(limit: int | None, allow: bool, records: list[dict]) -> dict:
     past = [r.get("beyond_window", 0) for r in records]
     return {"trained": limit, "allow_beyond": allow, "records_beyond": sum(p > 0 for p in past),
             "most_beyond": max(past, default=0)}
+
+
+def marked(label: str, summary: dict | None) -> str:
+    """A table's label for a run, marked where any of its records read past the model's trained window (`summary`:
+    its run.json's `window`, as window_summary writes it)."""
+    return f"{label} {BEYOND_MARK}" if (summary or {}).get("records_beyond") else label
 
 
 def capacity_positions(capacity: int, prompt: int, budget: int) -> int:

@@ -18,7 +18,7 @@ from methods.formation import Formation
 from methods.memdefrag import MemDefrag
 from methods.peers.ape import APE
 from methods.session import Session
-from methods.window import Window, WindowError, trained_window, window_summary
+from methods.window import Window, WindowError, marked, trained_window, window_summary
 from tests.conftest import COMMON, FAMILIES, FRAGMENTS, save_tiny_checkpoint, tiny_model, tiny_run_config
 
 BACKENDS = {"fast": KVPrefixBackend, "hidden_prefix": HiddenPrefixBackend}
@@ -188,3 +188,11 @@ def test_an_older_record_of_a_model_no_longer_at_hand_is_left_as_it_is(short_win
     config = {"model": {"name": "gone", "source": "/nowhere/checkpoint"}}
     records = [{"used_tokens": 9000, "question": "?", "output": ""}]
     assert with_beyond_window(config, records) == records
+
+
+def test_a_table_marks_a_run_that_read_past_the_window_and_no_other():
+    assert marked("vanilla", {"trained": 8192, "allow_beyond": True, "records_beyond": 3, "most_beyond": 12}) == \
+        "vanilla (past window)"
+    assert marked("vanilla", {"trained": 8192, "allow_beyond": True, "records_beyond": 0, "most_beyond": 0}) == \
+        "vanilla"
+    assert marked("vanilla", None) == "vanilla"                   # a run.json that says nothing of the window
