@@ -154,7 +154,7 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
                 states = self.states(waiting) if waiting else {}
                 counts = sorted(Counter(states.values()).items())
                 line = ", ".join([*(f"{n} {state.lower()}" for state, n in counts),
-                                  f"{len(jobs) - len(waiting)} of {len(jobs)} with a result"])
+                                  f"{len(jobs) - len(waiting)} of {len(jobs)} done"])
                 if line != said:
                     print(f"[{time.strftime('%H:%M:%S')}] job {array}: {line}; logs in {logs}", flush=True)
                     said = line

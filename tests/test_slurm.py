@@ -108,7 +108,7 @@ def test_a_sweep_through_slurm_answers_as_the_same_sweep_without_a_launcher(tmp_
     array = re.search(r"submitted 2 runs as slurm job (\d+); job logs in (\S+)", done.stdout)
     assert array and array[2] == str(tmp_path / "slurm" / ".submitit"), done.stdout
     status = re.findall(rf"\] job {array[1]}: (.*); logs in ", done.stdout)
-    assert status[-1] == "2 of 2 with a result" and len(status) == len(set(status)), done.stdout   # one per change
+    assert status[-1] == "2 of 2 done" and len(status) == len(set(status)), done.stdout   # one per change
     names = subprocess.run(["sacct", "-n", "-X", "-j", array[1], "-o", "JobName%60,State"], capture_output=True,
                            text=True).stdout.split()
     assert names == ["memdefrag:0_none_unbounded_synthetic", "COMPLETED",
@@ -179,28 +179,36 @@ def test_a_job_that_reaches_its_time_limit_is_requeued_and_resumes(tmp_path, tin
           f"{groups} x {lines_per_group:g}")
 
 
-@on_slurm
-def test_a_job_failing_inside_ends_the_command_with_its_line_after_the_others(tmp_path, tiny_checkpoint):
+@pytest.mark.parametrize("launcher", [pytest.param("slurm", marks=pytest.mark.slurm), "local"])
+def test_a_job_failing_inside_ends_the_command_with_its_line_after_the_others(tmp_path, tiny_checkpoint, request,
+                                                                             launcher):
     """Run 1's folder holds a config that cannot be read: its job fails inside (SLURM: FAILED); the command waits
-    for run 0, writes the summary of it, and exits 2 with run 1's own line, its job id and its log."""
-    sweep = tmp_path / "slurm"
+    for run 0, writes the summary of it, and exits 2 with run 1's own line, its job id and its log. The same
+    through hydra/launcher=local, which needs no SLURM."""
+    if launcher == "slurm":
+        request.getfixturevalue("slurm")
+    sweep = tmp_path / launcher
     broken = sweep / "1_memdefrag_top2_unbounded_synthetic"
     broken.mkdir(parents=True)
     (broken / "config.yaml").write_text(": [\n")
     (broken / "groups.jsonl").write_text("")
-    done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, sweep, "method=none,memdefrag_top2", *ON_CPU))
+    done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, sweep, "method=none,memdefrag_top2",
+                                           *(ON_CPU if launcher == "slurm" else ["hydra/launcher=local"])))
     assert done.returncode == 2, done.stdout + done.stderr
-    array = re.search(r"submitted 2 runs as slurm job (\d+)", done.stdout)[1]
-    log = sweep / ".submitit" / f"{array}_1" / f"{array}_1_0_log.err"
+    jobs = dict(re.findall(r"^  (\S+): (\S+)  \(", done.stdout, re.MULTILINE))
+    job = next(job for job, folder in jobs.items() if folder == broken.name)
+    log = sweep / ".submitit" / job / f"{job}_0_log.err"
     assert done.stderr.splitlines() == [
-        f"memdefrag: error: job {array}_1 (1_memdefrag_top2_unbounded_synthetic): {broken} holds results but "
+        f"memdefrag: error: job {job} ({broken.name}): {broken} holds results but "
         f"{broken / 'config.yaml'} cannot be read (while parsing a block mapping); choose another output folder, "
         f"or pass resume=false to start it over; log: {log}",
         f"memdefrag: 1 of 2 runs failed (1 finished, in {sweep}); rerun the same command to resume"], done.stderr
     assert log.is_file() and (sweep / "0_none_unbounded_synthetic" / "run.json").is_file()
     assert "none" in (sweep / "summary.md").read_text() and "memdefrag_top2" not in (sweep / "summary.md").read_text()
-    states = subprocess.run(["sacct", "-n", "-X", "-j", array, "-o", "State"], capture_output=True, text=True)
-    assert states.stdout.split() == ["COMPLETED", "FAILED"]
+    if launcher == "slurm":
+        states = subprocess.run(["sacct", "-n", "-X", "-j", job.split("_")[0], "-o", "State"], capture_output=True,
+                                text=True)
+        assert states.stdout.split() == ["COMPLETED", "FAILED"]
 
 
 @on_slurm
