@@ -5,6 +5,7 @@ import torch
 
 from methods.base import Method, Plan, Question
 from methods.errors import whole_number
+from methods.window import trained_window
 
 
 class NoMemory(Method):
@@ -45,7 +46,7 @@ class TextMemory(Method):
     def plan(self, memory, prompt_ids, backend, question=Question()) -> Plan:
         ids = memory.text_ids()
         if self.fit_window and ids is not None:
-            window = backend.model.config.get_text_config().max_position_embeddings
+            window = trained_window(backend.model.config)
             room = max(window - len(prompt_ids) - self.answer_room - memory.sink_length, 0)
             ids = torch.cat([ids[: memory.sink_length], self.latest_lines(memory.fragments, room)])
         return Plan(text_ids=ids)
