@@ -14,8 +14,9 @@ leading `VAR=value` assignments set for that command):
 - `memdefrag <subcommand>`, `memdefrag-bench`, `python -m harness.<tool>`: the arguments are parsed by the
   tool's own parser and the tool stops there (an option or choice that no longer exists fails).
 - `make <target>`: `make -n <target>` must succeed (it is a dry run: nothing is built).
-- `pytest ...`: every `-m` marker is declared in pyproject.toml and every path exists.
-- a script path (`results/run_gpu.sh`): it exists and `bash -n` parses it.
+- `pytest ...` (or `python -m pytest ...`): every `-m` marker is declared in pyproject.toml and every path
+  exists.
+- a script path (`results/run_gpu.sh`, `../shared/gpu/pack.sh`): it exists and `bash -n` parses it.
 - other programs (`pip`, `wandb`, `git`, SLURM's): not ours, not run.
 Python blocks run in a temporary folder. A block with `<!-- file: <path> -->` just above it is a file the
 reader writes: it is written into a temporary plugin tree (`methods/`, `evals/`, `conf/`) that the page's
@@ -151,6 +152,8 @@ class Page:
             self.hydra("config", args + extra, comment)
         elif program == "memdefrag-bench":
             self.parse_only("harness.benchmark", args)
+        elif program.startswith("python") and args[:2] == ["-m", "pytest"]:
+            self.pytest_args(args[2:])
         elif program.startswith("python") and args[:1] == ["-m"]:
             self.parse_only(args[1], args[2:])
         elif program == "make":
