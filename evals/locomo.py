@@ -267,7 +267,7 @@ class LoCoMo:
                 raise ConfigError(f"task.{key}={value} must be >= 1, or null")
         if file is not None and dataset != "locomo":
             raise ConfigError(f"task.file={file} reads LoCoMo's format: set task.dataset=locomo")
-        self.dataset, self.categories = dataset, sorted(set(categories))
+        self.dataset, self.categories = dataset, sorted({int(c) for c in categories})
         self.path = Path(file) if file else Path(data_dir or ".") / DEFAULT_FILE
         self.n_groups, self.per_category = groups, {int(c): n for c, n in per_category.items()}
         self.max_tokens = self.protocol.max_tokens if max_tokens is None else max_tokens
