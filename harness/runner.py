@@ -182,8 +182,8 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
                 run_dir: str):
     """Answer every group the folder does not hold yet, each logged as it ends; write the metrics and run.json.
     Returns (metrics, records, info)."""
-    reset_peak_memory()
     model, tokenizer, backend, verdict = ready(spec, cfg.backend)
+    reset_peak_memory()             # after the self-check, whose fp32 weights are a load transient (docs/gpu.md)
     label = cfg.method.label
     formed = formed_fragments(spec)
     compressed: list[dict] = []

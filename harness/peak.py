@@ -1,0 +1,75 @@
+"""The memory a question holds, term by term (docs/gpu.md): what stays live between questions and the transients
+of each phase (a question, an update that evicts, forming a fragment, the first job's self-check), so that a
+peak on a GPU can be foreseen and a measured one explained. tests/test_peak.py holds the live terms to the tensors
+found alive after a question."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TRACE_SLACK = 1 / 8        # methods/backends/kv_prefix.py: the trace's buffers grow by an eighth beyond the need
+INDEX_BYTES = 8 + 4        # per stored token: its id (int64) and its self-information (fp32)
+
+
+@dataclass(frozen=True)
+class Dims:
+    """What a decoder's size in memory depends on: layers L, key/value heads kv, head width d, hidden width h,
+    MLP width m, vocabulary V, attention heads H."""
+
+    L: int
+    kv: int
+    d: int
+    h: int
+    m: int
+    V: int
+    H: int
+
+    @classmethod
+    def of(cls, config) -> "Dims":
+        c = config.get_text_config()
+        d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return cls(c.num_hidden_layers, c.num_key_value_heads, d, c.hidden_size, c.intermediate_size, c.vocab_size,
+                   c.num_attention_heads)
+
+
+def terms(dims: Dims, weight_bytes: int, b: int, memory_tokens: int, view_tokens: int, prompt_tokens: int,
+          answer_tokens: int, tracer_layer: int, fragment_tokens: int, backend: str = "fast",
+          formed_bytes: int = 0) -> dict[str, int]:
+    """Bytes per term for a Top-K question on the model's device. b: bytes per value of the model's dtype;
+    memory_tokens N: stored positions (the sink included); view_tokens: the K selected fragments' (the sink
+    included); fragment_tokens: one formed fragment's; formed_bytes: the formed-fragment cache, on the host.
+    Live between questions: weights, memory (keys and values; the layer inputs instead under hidden_prefix),
+    the fast backend's trace: its placed memory up to the tracer layer (with its slack) and its rows. Transients: the placed view and
+    one layer's working set (a question); the evicted fragments the trace still places until the next question
+    (an update that replaces the whole memory); a fragment's forward (formation); the weights upcast to fp32 (the
+    self-check, in the first job's window, memory still empty); hidden_prefix's stacked copy of the states."""
+    kv_token = 2 * dims.L * dims.kv * dims.d * b
+    fast = backend == "fast"
+    stored_token = kv_token if fast else dims.L * dims.h * b         # hidden_prefix keeps every layer's input
+    n, p, a, f = memory_tokens, prompt_tokens, answer_tokens, fragment_tokens
+    traced = tracer_layer + 1
+    rows = p * (n + p) * 4                                           # the tracer layer's fp32 rows [p, 1+N+p]
+    trace = int((n + p) * (1 + TRACE_SLACK)) * 2 * traced * dims.kv * dims.d * b + rows if fast else 0
+    layer_work = p * (2 * dims.h + 3 * dims.m) * b + dims.V * 4
+    return {"weights": weight_bytes, "memory": n * (stored_token + INDEX_BYTES), "trace": trace,
+            "formed_host": formed_bytes,
+            "view": (view_tokens + p + a) * kv_token + layer_work,
+            "hidden_prefix_copy": 0 if fast else n * stored_token + (n + p) * 2 * traced * dims.kv * dims.d * b,
+            "eviction": n * stored_token,
+            "formation": f * (2 * stored_token + dims.L * (dims.H + dims.kv) * dims.d * b
+                              + (2 * dims.h + 3 * dims.m) * b + dims.V * 4),
+            "selfcheck_fp32": weight_bytes * (4 - b) // b}
+
+
+def live(t: dict[str, int]) -> int:
+    """On the device between questions (the formed-fragment cache is on the host)."""
+    return t["weights"] + t["memory"] + t["trace"]
+
+
+def peak(t: dict[str, int]) -> int:
+    """The most any phase holds: a question (hidden_prefix stacks its states then), an update evicting the whole
+    memory, a fragment's formation, or the self-check (weights in fp32, no memory yet; before a job's peak window
+    opens: harness/runner.py)."""
+    base = live(t)
+    return max(base + t["view"] + t["hidden_prefix_copy"], base + t["eviction"] + t["formation"],
+               t["weights"] + t["selfcheck_fp32"])
