@@ -41,7 +41,9 @@ def retention_section(root, runs, label, title, bounded, figures, model: str | N
     records = step_records(sorted(chosen, key=baselines_first), label)
     figure = figures / f"{label.split(':')[1]}.png"
     accuracy_curves(accuracy_table(records), figure)
-    return Section(label, title, step_table(records), figure=str(figure.relative_to(root)), after=INTERVALS)
+    command = "" if model in (None, DEFAULT_MODEL) else f"memdefrag experiment=accuracy model={model}"
+    return Section(label, title, step_table(records), figure=str(figure.relative_to(root)), after=INTERVALS,
+                   command=command)
 
 
 def compression_section(root, runs, figures) -> tuple[Section, Section]:

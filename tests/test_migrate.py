@@ -77,6 +77,21 @@ class Passkey:
     def metrics(self, records):
         return pd.DataFrame({"accuracy": [100 * sum(r["correct"] for r in records) / len(records)]})
 
+    def check(self):
+        pass
+
+    def check_model(self, model_config, tokenizer):
+        pass
+
+    def groups(self, tokenizer):
+        return []
+
+    def run_group(self, session, group):
+        yield from ()
+
+    def describe(self):
+        return {}
+
 
 def test_a_task_declares_its_own_table(tmp_path):
     fake_run(tmp_path / "p", "Retention", "vanilla", [{"group": 0, "correct": True}])
