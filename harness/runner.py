@@ -114,7 +114,9 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
         compressor.check()
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    groups = shards.select(task.groups(tokenizer), shard)
+    with refused("task"):
+        found = task.groups(tokenizer)
+    groups = shards.select(found, shard)
     check_groups(groups)
     if forgetting.capacity is not None:
         texts = {text for group in groups for text in group.texts()}

@@ -268,6 +268,7 @@ CASES = [
     (["method=vanilla", "method._target_=tests.test_plugins.Budgeted"], "error: method.budget=0 must be >= 1"),
     (["task._target_=tests.test_plugins.ShortWindow"], "error: task: this task needs a window of 1,000,000 positions"),
     (["task._target_=tests.test_plugins.Unnumbered"], "error: task: its group Group has index=None"),
+    (["task._target_=tests.test_plugins.NoData"], "error: task: the passkey file is empty"),
     (["task._target_=tests.test_plugins.TextsOfAStep"], "error: task: its group Group needs `texts()`"),
     # a boolean takes true or false, not a number OmegaConf would read as true
     (["task.shuffle=2"], "task.shuffle=2: task.shuffle is a boolean option, it takes true or false"),

@@ -62,6 +62,13 @@ class ShortWindow(Retention):
         raise ValueError("this task needs a window of 1,000,000 positions")
 
 
+class NoData(Retention):
+    """Its groups cannot be had: a plain ValueError, as a newcomer raises it."""
+
+    def groups(self, tokenizer):
+        raise ValueError("the passkey file is empty")
+
+
 class Unnumbered(Retention):
     """Its groups have no index."""
 
