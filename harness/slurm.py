@@ -36,7 +36,7 @@ ASK_S = 30                     # the longest wait for one answer of sbatch, sque
 MARK = "harness.slurm.JobFailed: "    # how a failed job's own line reads in the trace submitit keeps
 # states after which a job runs no more: SLURM's (a requeued job passes through PENDING instead), then local ones
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-         "FINISHED", "INTERRUPTED"}
+         "ENDED", "FINISHED", "INTERRUPTED"}
 
 
 class JobFailed(Exception):
@@ -210,10 +210,12 @@ class Slurm(Waiting):
             ask("scontrol", "update", f"JobId={job.job_id}", f"JobName=memdefrag:{folder}")
 
     def states(self, jobs) -> dict[str, str]:
-        """From squeue (not sacct: a cluster without accounting answers too); a job squeue no longer lists
-        has ended."""
+        """From squeue (not sacct: a cluster without accounting answers too). A job squeue no longer lists
+        has ENDED; while squeue fails otherwise (slurmctld busy), every state is UNKNOWN and the wait goes on."""
         ids = ",".join(job.job_id for job in jobs)
-        rows = ask("squeue", "-h", "-r", "--states=all", "-j", ids, "-o", "%i|%T|%r").stdout.split("\n")
+        answer = ask("squeue", "-h", "-r", "--states=all", "-j", ids, "-o", "%i|%T|%r")
+        if answer.returncode and "Invalid job id" not in answer.stderr:
+            return {job.job_id: "UNKNOWN" for job in jobs}
         listed = {i: (f"{state} ({reason})" if state == "PENDING" and reason != "None" else state)
-                  for i, state, reason in (row.split("|") for row in rows if row)}
-        return {job.job_id: listed.get(job.job_id, "COMPLETED") for job in jobs}
+                  for i, state, reason in (row.split("|") for row in answer.stdout.splitlines() if row)}
+        return {job.job_id: listed.get(job.job_id, "ENDED") for job in jobs}
