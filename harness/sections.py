@@ -111,9 +111,13 @@ def refuse_one_sided(table: str, runs: list[Run], configs: list[dict]) -> None:
             having = [run for run, flat in mine if key in flat]
             if len(having) < len(mine) and len({repr(flat.get(key)) for _, flat in mine}) > 1:
                 lacking = next(run for run, flat in mine if key not in flat)
+                group = key.split(".")[0] if "." in key else None
+                where = {None: "LATER_SETTINGS", "model": "LATER_MODEL_SETTINGS"}.get(
+                    group, "LATER_PLUGIN_SETTINGS (by its _target_)")
                 raise ConfigError(f"{table}: column {name} would split on {key}, which {having[0].folder} records "
-                                  f"and {lacking.folder} does not: run `memdefrag migrate` on the results first, "
-                                  f"or add {key} to harness.results.LATER_SETTINGS with the value older runs had")
+                                  f"and {lacking.folder} does not: declare the value runs had before {key} existed "
+                                  f"in harness.results.{where} (`memdefrag migrate` then records it), or move one "
+                                  f"of the two runs out of the results")
 
 
 def step_records(runs: list[Run], table: str) -> pd.DataFrame:

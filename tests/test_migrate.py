@@ -54,7 +54,8 @@ def test_the_report_refuses_a_column_split_on_a_setting_only_some_runs_recorded(
     fake_run(tmp_path / "a", "Retention", "vanilla", STEPS, model={"name": "smollm2", "rope_scale": 2})
     fake_run(tmp_path / "b", "Retention", "vanilla", [{**r, "group": r["group"] + 2} for r in STEPS])
     with pytest.raises(ConfigError, match=r"^tab:retention: column vanilla would split on model.rope_scale, which "
-                                          r".*/a records and .*/b does not: run `memdefrag migrate`"):
+                                          r".*/a records and .*/b does not: declare the value runs had before "
+                                          r"model.rope_scale existed in harness.results.LATER_MODEL_SETTINGS"):
         write(tmp_path)
 
 
