@@ -19,7 +19,7 @@ from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
 from harness.comparisons import peers_section, rankers_section
 from evals.stats import wilson, with_interval
-from harness.errors import ConfigError, OneLineParser
+from harness.errors import OneLineParser
 from harness.plugins import table_titles
 from harness.figures import accuracy_against_time, accuracy_curves
 from harness.migrate import migrate_all

@@ -1,8 +1,10 @@
 """`memdefrag migrate` and the report's one-line refusals: older run folders read as this version writes them, a
 column never split on a setting only some runs recorded, a task's own tables found without editing the report."""
 
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -42,9 +44,6 @@ def test_an_old_run_gets_the_settings_it_had_and_its_intervals_and_a_second_migr
 
 def test_the_committed_results_need_no_migration(tmp_path):
     """Every committed run folder is in the current format: the report reads them all alike."""
-    from pathlib import Path
-    import shutil
-
     results = shutil.copytree(Path(__file__).resolve().parents[1] / "results", tmp_path / "results",
                               ignore=shutil.ignore_patterns("figures", "tables", "*.md"))
     assert [str(f.relative_to(results)) for f in migrate_all(results)] == []
