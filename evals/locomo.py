@@ -11,6 +11,8 @@ questions are asked over the final memory under one of two declared protocols (`
 - `authors`: ryehr/MemDefrag `LoCoMo_benchmark.py`: the plain `question + " Answer: "`, category 4, every
   conversation of fewer than 18,000 tokens (their `>=` skips one of exactly 18,000), 32 answer tokens, the
   reply's first line.
+- `bare`: how this project asked before both: the bare question in the run's own prompt style (`prompt`),
+  category 4, no length filter, 32 answer tokens, the reply's first line (the runs committed before them).
 
 Every answer gets both scores: LoCoMo's F1 (`evals.locomo_scoring`, `task_eval/evaluation.py`) and the authors'
 (`f1_authors`: LongBench's `qa_f1_score`, which their script calls LoCoMo's metric; the full gold, no Porter
@@ -46,7 +48,7 @@ from methods.errors import ConfigError, one_of
 from methods.session import UPDATE_PHASES
 
 LoCoMoDataset = StrEnum("LoCoMoDataset", ["synthetic", "locomo"])
-ProtocolName = StrEnum("ProtocolName", ["locomo", "authors"])
+ProtocolName = StrEnum("ProtocolName", ["locomo", "authors", "bare"])
 DEFAULT_FILE = Path("locomo") / "locomo10.json"
 SESSION = re.compile(r"session_(\d+)")
 EVIDENCE = re.compile(r"D:?(\d+):(\d+)")       # "D3:12"; the released file also writes "D:11:26", "D8:6; D9:17"
@@ -79,7 +81,8 @@ def locomo_reply(line: str, options: Mapping[str, str] | None) -> str:
 @dataclass(frozen=True)
 class Protocol:
     """How a question is asked and its reply read. instruction: the text around the question (`{question}`);
-    chat: inside the model's chat template where it has one, else as written; hints: text appended to a
+    style: the prompt style (methods.prompting) it is read in: `chat` inside the model's chat template where it
+    has one, else as written; `plain`; None: the run's own (`prompt`); hints: text appended to a
     category's question; choice: category 5 as a two-way choice (`{question}`, `{a}`, `{b}`), the abstention
     option first with probability one half, seeded per question; reply: the reply's first line -> the scored
     prediction (given the choice's options, or None); max_tokens: a conversation of at least this many tokens is
@@ -89,7 +92,7 @@ class Protocol:
     answer_tokens: int
     max_tokens: int | None
     instruction: str = "{question}"
-    chat: bool = False
+    style: str | None = "plain"
     hints: Mapping[int, str] = field(default_factory=dict)
     choice: str | None = None
     reply: Callable[[str, Mapping[str, str] | None], str] = lambda line, options: line
@@ -104,18 +107,18 @@ class Protocol:
             text = self.choice.format(question=question.text, **options)
         return self.instruction.format(question=text), options
 
-    def style(self, tokenizer) -> str:
-        """The prompt style (methods.prompting): the chat template where the protocol and the model have one."""
-        if self.chat:
+    def prompt_style(self, tokenizer, run_style: str) -> str:
+        """The prompt style (methods.prompting) its questions are read in, for this model and run."""
+        if self.style == "chat":
             return "chat" if getattr(tokenizer, "chat_template", None) else "raw"
-        return "plain"
+        return self.style or run_style
 
 
 PROTOCOLS = {
     # snap-research/locomo `code` branch, task_eval/evaluate_llama2.py: QA_PROMPT, the category-2 and -5 texts
     # of get_answers, ANS_TOKENS_PER_QUES; no length filter (LoCoMo truncates the text it reads instead).
     ProtocolName.locomo: Protocol(
-        categories=tuple(Category), answer_tokens=50, max_tokens=None, chat=True,
+        categories=tuple(Category), answer_tokens=50, max_tokens=None, style="chat",
         instruction="\nBased on the above conversations, write a short answer for the following question in a few "
                     "words. Do not write complete and lengthy sentences. Answer with exact words from the "
                     "conversations whenever possible.\n\nQuestion: {question}\n",
@@ -125,6 +128,7 @@ PROTOCOLS = {
     # ryehr/MemDefrag LoCoMo_benchmark.py: `question + " Answer: "` (prompt style plain), --category 4,
     # --max_conv_tokens 18000 with `total >= max_conv_tokens` skipped, --max_new_tokens 32.
     ProtocolName.authors: Protocol(categories=(Category.single_hop,), answer_tokens=32, max_tokens=18_000),
+    ProtocolName.bare: Protocol(categories=(Category.single_hop,), answer_tokens=32, max_tokens=None, style=None),
 }
 
 
@@ -338,7 +342,7 @@ class LoCoMo:
         then ask each question over the final memory."""
         stored, updates = session.store_all((text for _, text in conversation.sessions), reuse=True)
         fids = dict(zip((k for k, _ in conversation.sessions), stored))
-        style = self.protocol.style(session.tokenizer)
+        style = self.protocol.prompt_style(session.tokenizer, session.prompt)
         for n, question in enumerate(conversation.questions):
             held = [fids[k] for k in question.evidence if k in fids]
             asked, options = self.protocol.ask(question, f"{self.seed}:{conversation.sample_id}")

@@ -241,7 +241,7 @@ LATER_SETTINGS = {"memory_on": "model", "shard": None, "resume": True, "study": 
                   "compression": {"_target_": "methods.compression.compressor.NoCompression", "label": "none"}}
 LATER_PLUGIN_SETTINGS = {                  # the same for a plugin's options, by its _target_
     "methods.baselines.TextMemory": {"fit_window": False, "answer_room": 64},
-    "evals.locomo.LoCoMo": {"trace_layers": False},
+    "evals.locomo.LoCoMo": {"trace_layers": False, "protocol": "bare"},   # the bare question (evals/locomo.py)
     "evals.probe.Probe": {"one_position_per_group": False},
 }
 # A model's settings added since, at the value they had: the chat prompt, no remote code, and the paper's N_max

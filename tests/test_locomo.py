@@ -156,6 +156,9 @@ def test_an_unreadable_file_is_refused_in_one_line(tmp_path, contents, says):
     (dict(categories=[0]), r"task.categories=\[0\] must name some of \[1, 2, 3, 4, 5\]"),
     (dict(categories=[]), r"task.categories=\[\] must name some of"),
     (dict(groups=0), "task.groups=0 must be >= 1"), (dict(questions=0), "task.questions=0 must be >= 1"),
+    (dict(questions={4: 0}), r"task.questions\[4\]=0 must be >= 1"),
+    (dict(questions={6: 1}), r"task.questions=\{6: 1\}: its keys must be categories"),
+    (dict(protocol="official"), r"task.protocol='official' is not one of \['locomo', 'authors', 'bare'\]"),
     (dict(dataset="locomo10"), "task.dataset"), (dict(file="x.json"), "set task.dataset=locomo")])
 def test_bad_options_are_refused_in_one_line(options, says):
     with pytest.raises(ConfigError, match=says):
@@ -229,9 +232,12 @@ def test_each_protocol_asks_as_its_source_does(tokenizer):
     assert authors.ask(Question("Is Oscar Melanie's pet?", "Yes", 5, (13,)), "s") == ("Is Oscar Melanie's pet?",
                                                                                         None)
     assert (locomo.answer_tokens, authors.answer_tokens) == (50, 32)
-    assert locomo.style(tokenizer) == "raw" and authors.style(tokenizer) == "plain"
+    bare = PROTOCOLS["bare"]
+    assert locomo.prompt_style(tokenizer, "plain") == "raw" and authors.prompt_style(tokenizer, "chat") == "plain"
     chat = type("Chat", (), {"chat_template": "{{ messages }}"})()
-    assert locomo.style(chat) == "chat" and authors.style(chat) == "plain"
+    assert locomo.prompt_style(chat, "plain") == "chat" and authors.prompt_style(chat, "chat") == "plain"
+    assert bare.prompt_style(chat, "chat") == "chat" and bare.prompt_style(tokenizer, "plain") == "plain"
+    assert bare.ask(single, "s") == ("Where did Caroline move from?", None) and bare.max_tokens is None
 
 
 def test_an_a_or_b_reply_is_mapped_to_its_option_and_other_replies_cleaned_as_locomo_does():
