@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -239,8 +239,8 @@ def read_file(path: Path) -> list[dict]:
 class LoCoMo:
     """protocol: how questions are asked and read (`PROTOCOLS`); categories: LoCoMo's categories asked (None:
     the protocol's); groups: how many conversations, the first that fit in file order (None: all); questions:
-    a seeded sample of that many per category and conversation, or a mapping category -> that many (None, or a
-    category the mapping leaves out: all); max_tokens: a conversation of at least this many tokens (the
+    a seeded sample of that many per category and conversation, or a list of five such numbers, one per category
+    1-5 (None, or a None in the list: all); max_tokens: a conversation of at least this many tokens (the
     sessions') is skipped (None: the protocol's); first_line: score the reply's first non-empty line (both
     protocols), else all of it; trace_layers: also rank the evidence session by density at every layer, in
     both query modes (which layer finds it best: the authors' `locomo_layer_sweep.py` question)."""
@@ -250,7 +250,7 @@ class LoCoMo:
 
     def __init__(self, dataset: LoCoMoDataset = "synthetic", protocol: ProtocolName = "locomo",
                  data_dir: str | None = None, file: str | None = None, categories: list[int] | None = None,
-                 groups: int | None = None, questions: int | dict | None = None, max_tokens: int | None = None,
+                 groups: int | None = None, questions: int | list | None = None, max_tokens: int | None = None,
                  first_line: bool = True, trace_layers: bool = False, seed: int = 42):
         one_of("task.dataset", dataset, LoCoMoDataset)
         one_of("task.protocol", protocol, ProtocolName)
@@ -261,12 +261,13 @@ class LoCoMo:
             raise ConfigError(f"task.categories={categories} must name some of "
                               f"{[int(c) for c in Category]} (1 multi-hop, 2 temporal, 3 open-domain, "
                               f"4 single-hop, 5 adversarial)")
-        per_category = dict(questions) if isinstance(questions, Mapping) else {c: questions for c in categories}
-        if any(int(c) not in set(Category) for c in per_category):
-            raise ConfigError(f"task.questions={questions}: its keys must be categories {[int(c) for c in Category]}")
-        counts = per_category.items() if isinstance(questions, Mapping) else [("", questions)]
+        listed = isinstance(questions, Sequence)
+        if listed and len(questions) != len(Category):
+            raise ConfigError(f"task.questions={list(questions)} must give one number (or null) per category 1-5")
+        per_category = dict(zip(Category, questions)) if listed else {c: questions for c in categories}
+        counts = per_category.items() if listed else [("", questions)]
         for key, value in [("groups", groups), ("max_tokens", max_tokens),
-                           *((f"questions{f'[{c}]' if c else ''}", n) for c, n in counts)]:
+                           *((f"questions{f'[{c - 1}]' if c else ''}", n) for c, n in counts)]:
             if value is not None and value < 1:
                 raise ConfigError(f"task.{key}={value} must be >= 1, or null")
         if file is not None and dataset != "locomo":
@@ -435,14 +436,15 @@ def locomo_table(records: list[dict]) -> pd.DataFrame:
 
 def layers_table(records: list[dict], hit_at: int = 2) -> pd.DataFrame:
     """`tab:locomo_layers`: per layer (rows) and run x query mode (columns), the share (%) of questions whose
-    evidence session ranks within the first `hit_at` by density at that layer; the last row names the best."""
-    columns = {}
+    evidence session ranks within the first `hit_at` by density at that layer, with its Wilson interval (as the
+    substring accuracy of `tab:locomo`); the last row names the best."""
+    rates, shown = {}, {}
     for run in dict.fromkeys(r["run"] for r in records):
         traced = [r["evidence_rank_by_layer"] for r in records if r["run"] == run and "evidence_rank_by_layer" in r]
         for mode in QueryMode:
             if traced:
-                hits = np.array([t[mode] for t in traced]) <= hit_at
-                columns[f"{run} ({mode})"] = 100 * hits.mean(axis=0)
-    table = pd.DataFrame(columns).rename_axis("layer")
-    best = pd.DataFrame([table.idxmax()], index=["best layer"]).astype(object)
-    return pd.concat([table.round(1).astype(object), best]).rename_axis("layer")
+                hits = (np.array([t[mode] for t in traced]) <= hit_at).sum(axis=0)
+                rates[f"{run} ({mode})"] = hits / len(traced)
+                shown[f"{run} ({mode})"] = [with_interval(k / len(traced), *wilson(int(k), len(traced))) for k in hits]
+    best = pd.DataFrame([pd.DataFrame(rates).idxmax()], index=["best layer"])
+    return pd.concat([pd.DataFrame(shown), best]).rename_axis("layer")

@@ -102,7 +102,7 @@ def test_the_sample_of_one_category_does_not_depend_on_the_others_asked():
     """The single-hop questions drawn with all five categories asked are those drawn with category 4 alone
     (the first bare-question runs' sample, paired with the protocol runs)."""
     alone = LoCoMo("synthetic", protocol="authors", questions=1).groups(Words())
-    together = LoCoMo("synthetic", questions={4: 1}).groups(Words())
+    together = LoCoMo("synthetic", questions=[None, None, None, 1, None]).groups(Words())
     assert [[q for q in g.questions if q.category == 4] for g in together] == [list(g.questions) for g in alone]
     assert all(len([q for q in g.questions if q.category == 1]) >= 1 for g in together)   # the rest all asked
 
@@ -156,8 +156,8 @@ def test_an_unreadable_file_is_refused_in_one_line(tmp_path, contents, says):
     (dict(categories=[0]), r"task.categories=\[0\] must name some of \[1, 2, 3, 4, 5\]"),
     (dict(categories=[]), r"task.categories=\[\] must name some of"),
     (dict(groups=0), "task.groups=0 must be >= 1"), (dict(questions=0), "task.questions=0 must be >= 1"),
-    (dict(questions={4: 0}), r"task.questions\[4\]=0 must be >= 1"),
-    (dict(questions={6: 1}), r"task.questions=\{6: 1\}: its keys must be categories"),
+    (dict(questions=[None, None, None, 0, None]), r"task.questions\[3\]=0 must be >= 1"),
+    (dict(questions=[1, 1]), r"task.questions=\[1, 1\] must give one number \(or null\) per category 1-5"),
     (dict(protocol="official"), r"task.protocol='official' is not one of \['locomo', 'authors', 'bare'\]"),
     (dict(dataset="locomo10"), "task.dataset"), (dict(file="x.json"), "set task.dataset=locomo")])
 def test_bad_options_are_refused_in_one_line(options, says):
