@@ -33,8 +33,7 @@ def tracer_sweep(cfg: DictConfig):
     best = table.iloc[table["mean_rank"].idxmin()]
     choice = {"tracer_layer": int(best["layer"]), "query_mode": str(best["query_mode"]),
               "mean_rank": round(float(best["mean_rank"]), 3), "top1": round(float(best["top1"]), 1),
-              "swept": f"layers {cfg.task.layers} on {cfg.task.dataset}, {cfg.task.groups} groups x "
-                       f"{cfg.task.fragments} fragments, prompt {cfg.prompt}, formation {cfg.formation}"}
+              "swept": tracer_layers.swept(cfg)}
     path = tracer_layers.record(cfg.model.name, choice)
     print(f"{cfg.model.name}: tracer_layer={choice['tracer_layer']} query_mode={choice['query_mode']} "
           f"(mean rank {choice['mean_rank']}), recorded in {path}")

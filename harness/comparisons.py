@@ -18,8 +18,9 @@ from evals.stats import wilson, with_interval
 from harness.claims import paired, read_claims, rendered
 from harness.figures import accuracy_against_time
 from harness.results import read_jsonl
-from harness.sections import Run, Section, labelled
+from harness.sections import Run, Section, bench_table, labelled, named
 from methods.session import UPDATE_PHASES
+from methods.window import BEYOND_MARK
 
 ANSWER_PHASES = ("trace", "rank", "select", "prefill", "decode")     # a question's seconds, in the order spent
 QUESTION = ["seed", "group"]                                  # what pairs two rows' answers at a step
@@ -89,12 +90,13 @@ def accuracy_by_step(frame: pd.DataFrame) -> dict:
 def versus(rows: list[Row], reference: str) -> list[str]:
     """Per row, against the `reference` row of the same model and dataset on the same questions at the last
     step: the accuracy difference in points and McNemar's exact p on the questions one of them alone got right
-    ('' where there is no reference row)."""
-    last = {(r.model, r.dataset): r.records for r in rows if r.name == reference}
+    ('' where there is no reference row). The reference row may be marked as read past its window (named)."""
+    references = (reference, f"{reference} {BEYOND_MARK}")
+    last = {(r.model, r.dataset): r.records for r in rows if r.name in references}
     out = []
     for row in rows:
-        if row.name == reference or (row.model, row.dataset) not in last:
-            out.append("reference" if row.name == reference else "")
+        if row.name in references or (row.model, row.dataset) not in last:
+            out.append("reference" if row.name in references else "")
             continue
         found = paired(row.records, last[row.model, row.dataset], row.records["step"].max(), QUESTION)
         out.append(f"{found.accuracy - found.against:+.1f} (p {found.p:.2g}, n {found.n})")
@@ -135,7 +137,7 @@ def rankers_section(root, runs, figures) -> Section:
     if not chosen:
         section.missing = "no runs yet: memdefrag experiment=rankers and experiment=rankers_sizes"
         return section
-    rows = rows_of(chosen, [variant(r.config["method"]) for r in chosen])
+    rows = rows_of(chosen, [named(r, variant(r.config["method"])) for r in chosen])
     table = pd.DataFrame([ranker_row(row) for row in rows])
     table[f"vs {RANKER_REFERENCE}"] = versus(rows, RANKER_REFERENCE)
     claims = supported(root, "rankers", rows)
@@ -177,7 +179,7 @@ def peers_section(root, runs, figures) -> Section:
                       "time to first token at the last step, seconds per question")
     chosen = [r for r in runs if r.study == "peers"]         # rows in experiment=peers' order of methods
     speed = sorted((root / "peers").glob("speed*.md"))
-    section.after = "\n\n".join(f"`peers/{f.name}`: " + f.read_text().strip() for f in speed)
+    section.after = "\n\n".join(bench_table(f, root) for f in speed)
     if not chosen:
         section.missing = "no runs yet: memdefrag experiment=peers"
         return section

@@ -24,10 +24,11 @@ from harness.plugins import table_titles
 from harness.figures import accuracy_against_time, accuracy_curves
 from harness.migrate import migrate_all
 from harness.results import read_jsonl
-from harness.sections import (BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, Run, Section, labelled, runs_under,
-                               step_records, step_table, with_bounds)
-from harness.tracer_layers import recorded, tracers_file
+from harness.sections import (BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, Run, Section, bench_table, labelled, named,
+                               run_columns, runs_under, step_records, step_table, with_bounds)
+from harness.tracer_layers import recorded, swept, tracers_file
 from harness.summary import accuracy_table
+from methods.window import BEYOND_MARK
 
 
 def retention_section(root, runs, label, title, bounded, figures, model: str | None = None) -> Section:
@@ -138,8 +139,8 @@ def probe_section(root, runs) -> Section:
         if layers == list(range(len(layers))):          # every layer probed: the paper's band is known
             table["in_band"] = table["layer"].isin(band(len(layers))).map({True: "yes", False: "no"})
         folder = str(run.folder.relative_to(root))
-        table.insert(0, "run", f"{run.config['model']['name']} {memory} {run.config['prompt']} "
-                               f"{run.config['formation']}, {placements(records)} ({folder})")
+        table.insert(0, "run", named(run, f"{run.config['model']['name']} {memory} {run.config['prompt']} "
+                                          f"{run.config['formation']}, {placements(records)} ({folder})"))
         frames.append(table)
         [full] = write_analysis(run.folder, records)
         links.append(f"[{folder}]({full.relative_to(root)})")
@@ -176,9 +177,8 @@ def distortion_section(root, runs) -> Section:
                                      zip(steps["correct"], steps["n"])])
         steps = steps.drop(columns=["correct", "n"])
         best = with_bounds(correlations(records).groupby("query_mode").head(3), digits=3)
-        parts += [f"### {run.config['task']['dataset']}, {run.config['method']['label']} memory "
-                  f"({frame.group.nunique()} groups, "
-                  f"`{run.folder.relative_to(root)}`)",
+        parts += ["### " + named(run, f"{run.config['task']['dataset']}, {run.config['method']['label']} memory "
+                                       f"({frame.group.nunique()} groups, `{run.folder.relative_to(root)}`)"),
                   steps.T.astype(object).to_markdown(), best.to_markdown(index=False),
                   *(f"![{p.stem}]({p.relative_to(root)})" for p in figures)]
     parts.append("Accuracy with its 95 % Wilson interval over the groups; Pearson r with its 95 % Fisher interval "
@@ -194,8 +194,8 @@ def study_table(runs, study: str, value) -> tuple[pd.DataFrame, str] | None:
     chosen = [r for r in runs if (r.study == study or r.baseline) and r.info]
     if not any(r.study == study for r in chosen):
         return None
-    labels = labelled(chosen, f"tab:{study}")
-    frame = pd.DataFrame([{"dataset": r.config["task"]["dataset"], "method": label, "value": value(r)}
+    labels = run_columns(chosen, f"tab:{study}")
+    frame = pd.DataFrame([{"dataset": named(r, r.config["task"]["dataset"]), "method": label, "value": value(r)}
                           for r, label in zip(chosen, labels)])
     table = frame.pivot_table(index="dataset", columns="method", values="value", aggfunc="max")
     table = table[list(dict.fromkeys(labels))]
@@ -284,7 +284,8 @@ def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
     if any("evidence_rank_by_layer" in r for r in records):
         layers.table, layers.missing = layers_table(records), ""
         layers.after = ("Each question's evidence session ranked by attention density over the whole memory at "
-                        "every layer, in both query modes; `best layer`: the layer with the most hits.")
+                        "every layer, in both query modes, with its 95 % Wilson interval over the questions; "
+                        "`best layer`: the layer with the most hits.")
     return Section("tab:locomo", title, locomo_table(records).round(1), figure=str(figure.relative_to(root)),
                    after=f"F1: LoCoMo's own score (evals/locomo_scoring.py) with its 95 % bootstrap interval "
                          f"resampling conversations; f1 authors: the MemDefrag authors' (LongBench's qa_f1_score); "
@@ -296,14 +297,44 @@ def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
                          f"question."), layers
 
 
-def tracer_summary_section() -> Section:
+def tracer_summary_section(root: Path, runs: list[Run]) -> Section:
+    """The layer and query mode `memdefrag tracer-sweep` recorded per model (conf/tracers.yaml), their mean rank
+    and Top-1 with the intervals of the sweep's own run (its metrics.csv), found by how it swept."""
     section = Section("tab:top_tracing_layer_summary", "Recommended tracer layer per model (memdefrag tracer-sweep)")
     chosen = recorded()
     if not chosen:
         section.missing = f"no model swept yet ({tracers_file().name} is empty)"
-    else:
-        section.table = pd.DataFrame.from_dict(chosen, orient="index").rename_axis("model")
+        return section
+    rows = []
+    for model, choice in chosen.items():
+        row = {"model": model, **{key: choice.get(key) for key in ("tracer_layer", "query_mode", "mean_rank", "top1",
+                                                                   "swept")}}
+        found = sweep_of(runs, model, choice)
+        if found is None:
+            rows.append({**row, "run": "not among these results: no interval"})
+            continue
+        run, metrics = found
+        shown = with_bounds(metrics[["mean_rank", "mean_rank low", "mean_rank high", "top1", "top1 low",
+                                     "top1 high"]]).iloc[0]
+        rows.append({**row, "model": named(run, model), **shown, "run": str(run.folder.relative_to(root))})
+    section.table = pd.DataFrame(rows).set_index("model")
+    section.after = ("Mean rank of the target with its 95 % bootstrap interval over groups, Top-1 with its Wilson "
+                     "interval, at the recorded layer and query mode of the sweep's run.")
     return section
+
+
+def sweep_of(runs: list[Run], model: str, choice: dict) -> tuple[Run, pd.DataFrame] | None:
+    """The tracer-sweep run that recorded `choice` for `model` (the same sweep, and its metrics at the chosen layer
+    and query mode give the recorded mean rank) and that row of its metrics; None where none is here."""
+    for run in runs:
+        if run.model != model or "tab:retrieval_layers" not in run.tables or swept(run.config) != choice.get("swept") \
+                or not (run.folder / "metrics.csv").is_file():
+            continue
+        metrics = pd.read_csv(run.folder / "metrics.csv")
+        row = metrics[(metrics["query_mode"] == choice["query_mode"]) & (metrics["layer"] == choice["tracer_layer"])]
+        if len(row) and round(float(row["mean_rank"].iloc[0]), 3) == choice["mean_rank"]:
+            return run, row
+    return None
 
 
 def speed_section(root: Path) -> Section:
@@ -311,7 +342,7 @@ def speed_section(root: Path) -> Section:
                                "the hidden-prefix one (memdefrag-bench)")
     files = sorted(root.glob("speed*.md"))
     if files:
-        section.text = "\n\n".join(f"`{f.name}`: " + f.read_text().strip() for f in files)
+        section.text = "\n\n".join(bench_table(f, root) for f in files)
     else:
         section.missing = "no runs yet: memdefrag-bench --out results/speed_cpu.md"
     return section
@@ -373,7 +404,7 @@ def declared_sections(runs: list[Run], built: set[str]) -> list[Section]:
             section.missing = "no finished runs yet"
         else:
             section.table = pd.concat([pd.read_csv(r.folder / "metrics.csv").assign(
-                model=r.model, dataset=r.config["task"]["dataset"]) for r in chosen], ignore_index=True)
+                model=r.model, dataset=named(r, r.config["task"]["dataset"])) for r in chosen], ignore_index=True)
         sections.append(section)
     return sections
 
@@ -407,7 +438,7 @@ def build(root: Path) -> list[Section]:
         *memoryllm_sections(root, runs, figures),
         probe_section(root, runs),
         distortion_section(root, runs),
-        tracer_summary_section(),
+        tracer_summary_section(root, runs),
         *runtime_section(runs),
         speed_section(root),
     ]
@@ -418,12 +449,16 @@ def build(root: Path) -> list[Section]:
     return sorted(sections, key=place)
 
 
-HEADER = """# Results
+HEADER = f"""# Results
 
 Every table of the paper this harness reproduces, in the paper's order, each with the command that makes its
 runs, then the harness's own studies. Regenerated whole, deterministically, from the run folders below this one
 by `memdefrag report results` (which first brings older run folders to the current record format, as `memdefrag
-migrate results` does alone). How the runs were set up and what the numbers say: [notes.md](notes.md)."""
+migrate results` does alone). How the runs were set up and what the numbers say: [notes.md](notes.md).
+
+A run marked "{BEYOND_MARK}" (its row, column or heading, or its dataset's rows) read positions past its model's
+trained window (`max_position_embeddings`: 8,192 for SmolLM2): a deliberate study run with
+`allow_beyond_window=true`, each record saying how far past it read (`beyond_window`)."""
 
 
 def write(root: Path) -> Path:

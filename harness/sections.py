@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from harness.errors import ConfigError
 from harness.plugins import declared_tables
 from harness.results import as_of_now, flattened, read_config, read_jsonl, read_run_info
 from harness.summary import IMPLIED, complete_groups, run_folders, run_labels
+from methods.window import marked
 
 DEFAULT_MODEL = "smollm2"     # the paper tables' backbone here; other models get sections of their own
 RELEASED = {"YuWangX/memoryllm-8b": "MemoryLLM-8B", "YuWangX/mplus-8b": "M+-8B"}   # baselines whose accuracy counts
@@ -83,7 +85,19 @@ def runs_under(root: Path) -> list[Run]:
     return runs
 
 
+def named(run: Run, name: str) -> str:
+    """`name` (the run's label, or its dataset where a table crosses datasets with methods) as a table shows it:
+    marked where the run read past its model's trained window (methods.window.marked), so that no number read
+    there passes for one read inside it."""
+    return marked(name, run.info.get("window"))
+
+
 def labelled(runs: list[Run], table: str, leave: tuple[str, ...] = ()) -> list[str]:
+    """Each run's row (run_columns(), named): its label, marked where it read past its model's trained window."""
+    return [named(run, label) for run, label in zip(runs, run_columns(runs, table, leave))]
+
+
+def run_columns(runs: list[Run], table: str, leave: tuple[str, ...] = ()) -> list[str]:
     """Each run's column (harness.summary.run_labels) among the runs of its own model and dataset, so that a
     setting that differs only between datasets (N_max, say) splits no column; `leave`: task settings left out
     (`seed`: runs of several seeds pool into one row). Refused, naming the setting, where runs that would share a
@@ -121,18 +135,20 @@ def refuse_one_sided(table: str, runs: list[Run], configs: list[dict]) -> None:
 
 
 def step_records(runs: list[Run], table: str) -> pd.DataFrame:
-    """Every answer of the runs that answer questions per step, with its dataset and its run's column (labelled)."""
+    """Every answer of the runs that answer questions per step, with its dataset and its run's column (run_columns()).
+    The dataset is named (named()): a table of datasets by methods marks the rows a run read past its window in,
+    and keeps one column per method."""
     found = [(run, records) for run in runs if (records := read_jsonl(run.folder / "predictions.jsonl"))
              and {"correct", "step"} <= records[0].keys()]
-    labels = labelled([run for run, _ in found], table)
-    return pd.DataFrame([{**record, "dataset": run.config["task"]["dataset"], "run": label}
+    labels = run_columns([run for run, _ in found], table)
+    return pd.DataFrame([{**record, "dataset": named(run, run.config["task"]["dataset"]), "run": label}
                          for (run, records), label in zip(found, labels) for record in records])
 
 
 def step_table(records: pd.DataFrame, value: str = "correct") -> pd.DataFrame:
     """(dataset, step) x run over the finished groups: accuracy (%) with its 95 % Wilson interval, or the mean of
     another per-question `value` with its 95 % bootstrap interval over groups; a last row per dataset: the
-    groups each run finished. Columns in the order the runs come."""
+    groups each run finished. Datasets in alphabetical order, columns in the order the runs come."""
     records = complete_groups(records)
     cells: dict = {}
     for (dataset, step, run), frame in records.groupby(["dataset", "step", "run"], sort=False):
@@ -146,7 +162,7 @@ def step_table(records: pd.DataFrame, value: str = "correct") -> pd.DataFrame:
             cells[(dataset, str(step)), run] = f"{mean:.2f} [{low:.2f}, {high:.2f}]"
     for (dataset, run), frame in records.groupby(["dataset", "run"], sort=False):
         cells[(dataset, "groups"), run] = str(frame["group"].nunique())
-    datasets = list(dict.fromkeys(records["dataset"]))
+    datasets = sorted(set(records["dataset"]))         # a dataset's rows read past the window beside its others
     rows = [(d, str(s)) for d in datasets for s in sorted(records.loc[records["dataset"] == d, "step"].unique())]
     rows = sorted(rows + [(d, "groups") for d in datasets], key=lambda row: (datasets.index(row[0]), row[1] == "groups"))
     columns = list(dict.fromkeys(records["run"]))
@@ -163,3 +179,18 @@ def with_bounds(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
                          zip(table[column], table[f"{column} low"], table[f"{column} high"])]
         table = table.drop(columns=[f"{column} low", f"{column} high"])
     return table
+
+
+def bench_table(path: Path, root: Path) -> str:
+    """A memdefrag-bench table (its --out file) as the report shows it, named by its path below `root`, with a
+    column saying that each timing is one number, no interval: the bench keeps the fastest of its repeats, not
+    their spread."""
+    lines = path.read_text().strip().splitlines()
+    repeats = re.search(r"best of (\d+) questions", lines[0])
+    note = "n = 1, no interval" + (f" (the fastest of {repeats[1]})" if repeats and repeats[1] != "1" else "")
+    header, rule, *rows = [i for i, line in enumerate(lines) if line.startswith("|")]
+    lines[header] += " interval |"
+    lines[rule] += ":---|"
+    for row in rows:
+        lines[row] += f" {note} |"
+    return f"`{path.relative_to(root)}`: " + "\n".join(lines)

@@ -60,6 +60,14 @@ def resolve(field: str, default=NO_DEFAULT, *, _parent_):
     return None if value == NO_DEFAULT else value
 
 
+def swept(config) -> str:
+    """How a tracer-sweep run swept (recorded with its choice), from its config: the report finds that run by it
+    (a setting a config lacks reads None, so it matches no recorded sweep)."""
+    task = config["task"]
+    return (f"layers {task.get('layers')} on {task.get('dataset')}, {task.get('groups')} groups x "
+            f"{task.get('fragments')} fragments, prompt {config.get('prompt')}, formation {config.get('formation')}")
+
+
 def record(name: str, choice: dict) -> Path:
     """Write `choice` (tracer_layer, query_mode and how they were found) for model `name`."""
     table = recorded()

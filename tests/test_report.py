@@ -7,6 +7,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from evals.locomo import layers_table
 from harness.report import write
 
 
@@ -164,4 +165,43 @@ def test_the_peers_table_gives_accuracy_and_time_to_first_token_per_method(tmp_p
     half = "50.0 [9.5, 90.5]"                                    # 1 of 2, with its 95 % Wilson interval
     assert rows[2][:9] == ["smollm2", "synthetic", "cacheblend", half, half, "5.5", "4.62", "200", "2"]
     assert rows[2][-1] == "-50.0 (p 1, n 2)" and rows[1][-1] == "reference"     # paired on the same questions
-    assert "| epic | 1.5 |" in table and (tmp_path / "figures" / "peers.png").is_file()
+    assert "| epic | 1.5 | n = 1, no interval |" in table and (tmp_path / "figures" / "peers.png").is_file()
+
+
+def test_the_recommended_tracer_layer_shows_its_sweeps_intervals(tmp_path, monkeypatch):
+    probes = [{"ranks": {"last": [2, 1], "mean": [1, 2]}, "layers": [0, 1], "group": g, "position": 1, "fragments": 2}
+              for g in (0, 1)]
+    fake_run(tmp_path / "sweep", "Probe", "vanilla", probes)
+    config = OmegaConf.load(tmp_path / "sweep" / "config.yaml")
+    config.task = {"_target_": "evals.probe.Probe", "dataset": "nqa", "groups": 2, "fragments": 2, "layers": "all"}
+    (tmp_path / "sweep" / "config.yaml").write_text(OmegaConf.to_yaml(config))
+    (tmp_path / "sweep" / "metrics.csv").write_text("method\nvanilla\n")       # the task's, once migrated
+    swept = "layers all on nqa, 2 groups x 2 fragments, prompt chat, formation shared_sink"
+    tracers = tmp_path / "tracers.yaml"
+    tracers.write_text(OmegaConf.to_yaml({
+        "smollm2": {"tracer_layer": 1, "query_mode": "last", "mean_rank": 1.0, "top1": 100.0, "swept": swept},
+        "other": {"tracer_layer": 3, "query_mode": "mean", "mean_rank": 2.5, "top1": 40.0, "swept": swept}}))
+    monkeypatch.setenv("MEMDEFRAG_TRACERS", str(tracers))
+    table = write(tmp_path).read_text().split("(`tab:top_tracing_layer_summary`)")[1].split("\n## ")[0]
+    rows = {cells[0]: cells[1:] for line in table.splitlines() if line.startswith("| ") and "---" not in line
+            for cells in [[c.strip() for c in line.strip("|").split("|")]]}
+    assert rows["smollm2"] == ["1", "last", "1.00 [1.00, 1.00]", "100.00 [34.24, 100.00]", swept, "sweep"]
+    assert rows["other"][2:4] == ["2.5", "40.0"] and rows["other"][-1] == "not among these results: no interval"
+
+
+def test_a_bench_table_says_each_timing_is_one_number_without_an_interval(tmp_path):
+    fake_run(tmp_path / "r", "Retention", "vanilla", [{"group": 0, "step": 1, "correct": True}])
+    (tmp_path / "speed_cpu.md").write_text("model=smollm2, best of 3 questions right after an update\n\n"
+                                           "| method | ttft_s |\n|---|---|\n| none | 0.2 |\n")
+    speed = write(tmp_path).read_text().split("(`speed`)")[1]
+    assert "`speed_cpu.md`: model=smollm2" in speed
+    assert "| method | ttft_s | interval |" in speed
+    assert "| none | 0.2 | n = 1, no interval (the fastest of 3) |" in speed
+
+
+def test_the_locomo_layer_table_gives_each_hit_rate_its_interval():
+    records = [{"run": "top2", "evidence_rank_by_layer": {"last": [1, 3], "mean": [2, 1]}},
+               {"run": "top2", "evidence_rank_by_layer": {"last": [5, 2], "mean": [1, 1]}}]
+    table = layers_table(records)
+    assert list(table["top2 (last)"]) == ["50.0 [9.5, 90.5]", "50.0 [9.5, 90.5]", 0]
+    assert list(table["top2 (mean)"]) == ["100.0 [34.2, 100.0]", "100.0 [34.2, 100.0]", 0]

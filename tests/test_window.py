@@ -2,12 +2,14 @@
 labelled opt-in."""
 
 import json
+import re
 
 import pytest
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config
 
 from harness.errors import ConfigError
+from harness.report import write
 from harness.results import read_config
 from harness.runner import run
 from harness.window_records import summarize, with_beyond_window
@@ -20,6 +22,7 @@ from methods.peers.ape import APE
 from methods.session import Session
 from methods.window import Window, WindowError, marked, trained_window, window_summary
 from tests.conftest import COMMON, FAMILIES, FRAGMENTS, save_tiny_checkpoint, tiny_model, tiny_run_config
+from tests.test_report import fake_run
 
 BACKENDS = {"fast": KVPrefixBackend, "hidden_prefix": HiddenPrefixBackend}
 
@@ -190,9 +193,27 @@ def test_an_older_record_of_a_model_no_longer_at_hand_is_left_as_it_is(short_win
     assert with_beyond_window(config, records) == records
 
 
-def test_a_table_marks_a_run_that_read_past_the_window_and_no_other():
+def test_a_table_marks_a_run_that_read_past_the_window_and_no_other(tmp_path):
     assert marked("vanilla", {"trained": 8192, "allow_beyond": True, "records_beyond": 3, "most_beyond": 12}) == \
         "vanilla (past window)"
     assert marked("vanilla", {"trained": 8192, "allow_beyond": True, "records_beyond": 0, "most_beyond": 0}) == \
         "vanilla"
     assert marked("vanilla", None) == "vanilla"                   # a run.json that says nothing of the window
+    beyond = {"window": {"trained": 8192, "allow_beyond": True, "records_beyond": 2, "most_beyond": 40}}
+    inside = {"window": {"trained": 8192, "allow_beyond": False, "records_beyond": 0, "most_beyond": 0}}
+    steps = [{"group": g, "step": 1, "correct": g == 0, "memory_tokens": 10, "seconds": {"decode": 1.0}}
+             for g in (0, 1)]
+    for dataset, info in (("nqa", beyond), ("synthetic", inside)):
+        fake_run(tmp_path / "r" / dataset, "Retention", "vanilla", steps, info=info, dataset=dataset)
+    for method, info in (("memdefrag_top1", beyond), ("text", inside)):
+        fake_run(tmp_path / "p" / method, "Retention", method, steps, info=info, study="peers", dataset="synthetic")
+    readme = write(tmp_path).read_text()
+    assert 'A run marked "(past window)"' in readme                                          # the legend
+    retention = readme.split("(`tab:retention`)")[1].split("\n## ")[0]
+    assert re.search(r"\| nqa \(past window\) +\| 1 +\| 50.0 ", retention)
+    assert re.search(r"\| synthetic +\| 1 ", retention)
+    assert retention.count("vanilla") == 1                                 # one column per method, its rows marked
+    peers = [[c.strip() for c in line.strip("|").split("|")] for line in
+             readme.split("(`tab:peers`)")[1].split("\n## ")[0].splitlines() if line.startswith("| smollm2")]
+    assert [(row[2], row[-1]) for row in peers] == [("text", "+0.0 (p 1, n 2)"),
+                                                    ("memdefrag_top1 (past window)", "reference")]
