@@ -63,7 +63,8 @@ def check_request(script: str, params: dict) -> None:
     """Ask SLURM whether it can place a job of this sweep (partition, CPUs, memory, GPUs, time): one line if not."""
     answer = ask("sbatch", "--test-only", stdin=script)
     if answer.returncode:
-        reason = answer.stderr.strip().splitlines()[-1].split(": ", 1)[-1]
+        said = (answer.stderr.strip() or answer.stdout.strip()).splitlines()   # an sbatch may say nothing
+        reason = said[-1].split(": ", 1)[-1] if said else f"sbatch --test-only exited {answer.returncode}"
         asked = " ".join(f"hydra.launcher.{k}={params.get(k)}" for k in
                          ("partition", "cpus_per_task", "mem_gb", "gpus_per_node", "timeout_min"))
         raise ConfigError(f"SLURM refuses the request ({reason}): {asked}; the partitions offer {partitions()}")

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.errors import ConfigError
 from harness.results import read_jsonl
+from harness.slurm import check_request
 from tests.conftest import tiny_overrides
 
 ON_CPU = ["hydra/launcher=slurm", "hydra.launcher.partition=cpu", "hydra.launcher.cpus_per_task=1",
@@ -95,6 +97,15 @@ def wait_releasing(proc: subprocess.Popen, job: str, timeout: int = 600) -> tupl
     return proc.communicate()
 
 
+def measured(tmp_path: Path, checkpoint: str, groups: int = 8) -> tuple[float, float]:
+    """Seconds and prediction lines per group of an uninterrupted run on this machine, to size a run that must
+    outlast an interruption."""
+    probe = memdefrag(tmp_path, *sweep_args(checkpoint, tmp_path / "probe", "method=memdefrag_top2", groups=groups))
+    assert probe.returncode == 0, probe.stderr
+    per_group = json.loads((tmp_path / "probe" / RUN / "run.json").read_text())["seconds"]["per_group"]
+    return per_group, len((tmp_path / "probe" / RUN / "predictions.jsonl").read_text().splitlines()) / groups
+
+
 def resumed_at(log: str, groups: int) -> list[int]:
     """The groups a run had finished each time it resumed, from its job log."""
     return [int(n) for n in re.findall(rf"resuming .*: (\d+) of {groups} groups already finished", log)]
@@ -124,7 +135,8 @@ def test_a_sweep_through_slurm_answers_as_the_same_sweep_without_a_launcher(tmp_
 def test_a_requeued_job_resumes_with_every_line_once(tmp_path, tiny_checkpoint):
     """`scontrol requeue` after the first group: the job runs again, keeps the groups it finished, and its run
     holds the lines of the uninterrupted run, each once."""
-    groups = 40       # ~10 s of groups on the tiny model: the job is still answering when it is requeued
+    per_group, _ = measured(tmp_path, tiny_checkpoint)
+    groups = max(16, math.ceil(10 / per_group))    # ~10 s of groups: the job still answers when it is requeued
     sweep = tmp_path / "slurm"
     proc = subprocess.Popen([sys.executable, "-m", "harness", *sweep_args(
         tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, groups=groups)], cwd=tmp_path,
@@ -154,10 +166,7 @@ def test_a_job_that_reaches_its_time_limit_is_requeued_and_resumes(tmp_path, tin
     SLURM looks every 30 s; not sooner, while the job still unpickles its function), submitit requeues it, the run
     resumes and ends with the lines an uninterrupted run writes per group, each once. The run is sized to outlast
     the signal on this machine: 60 s at the seconds per group of an uninterrupted run."""
-    probe = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, tmp_path / "plain", "method=memdefrag_top2", groups=8))
-    assert probe.returncode == 0, probe.stderr
-    per_group = json.loads((tmp_path / "plain" / RUN / "run.json").read_text())["seconds"]["per_group"]
-    lines_per_group = len((tmp_path / "plain" / RUN / "predictions.jsonl").read_text().splitlines()) / 8
+    per_group, lines_per_group = measured(tmp_path, tiny_checkpoint)
     groups = max(16, math.ceil(60 / per_group))
     sweep = tmp_path / "slurm"
     proc = subprocess.Popen([sys.executable, "-m", "harness", *sweep_args(
@@ -214,7 +223,7 @@ def test_a_job_failing_inside_ends_the_command_with_its_line_after_the_others(tm
 @on_slurm
 @pytest.mark.parametrize("request_, refusal", [
     ("hydra.launcher.partition=nope", "Invalid partition name specified"),
-    ("hydra.launcher.cpus_per_task=64", "More processors requested than permitted"),   # and 0 GPUs: a CPU model
+    ("hydra.launcher.cpus_per_task=100000", "More processors requested than permitted"),   # and 0 GPUs: a CPU model
     ("hydra.launcher.gpus_per_node=2", "Requested node configuration is not available")])
 def test_a_request_slurm_cannot_place_is_one_line_before_anything_is_submitted(tmp_path, tiny_checkpoint, request_,
                                                                                refusal):
@@ -232,7 +241,7 @@ def test_a_model_on_its_default_device_asks_for_a_gpu(tmp_path, tiny_checkpoint)
     """gpus_per_node null: one GPU for model.device=auto (a CPU model asks for none: the test above), as the
     request SLURM is asked about says."""
     done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, tmp_path / "slurm", "method=none", *ON_CPU,
-                                           "model.device=auto", "hydra.launcher.cpus_per_task=64"))
+                                           "model.device=auto", "hydra.launcher.cpus_per_task=100000"))
     assert "hydra.launcher.gpus_per_node=1 " in done.stderr, done.stderr
 
 
@@ -245,3 +254,12 @@ def test_without_sbatch_a_slurm_sweep_is_one_line(tmp_path, tiny_checkpoint):
     assert done.returncode == 2 and done.stderr == (
         "memdefrag: error: hydra/launcher=slurm: no `sbatch` on this machine; submit from a SLURM login node, "
         "or run the sweep here with hydra/launcher=local\n"), done.stderr
+
+
+def test_an_sbatch_refusing_without_a_word_is_still_one_line(monkeypatch):
+    """sbatch --test-only failing with nothing on stderr or stdout: the refusal names its exit status."""
+    monkeypatch.setattr("harness.slurm.ask",
+                        lambda *command, stdin=None: subprocess.CompletedProcess(command, 1, "", ""))
+    with pytest.raises(ConfigError, match=r"^SLURM refuses the request \(sbatch --test-only exited 1\): "
+                                          r"hydra.launcher.partition=cpu "):
+        check_request("#!/bin/bash\n", {"partition": "cpu"})
