@@ -136,7 +136,7 @@ def test_a_requeued_job_resumes_with_every_line_once(tmp_path, tiny_checkpoint):
     """`scontrol requeue` after the first group: the job runs again, keeps the groups it finished, and its run
     holds the lines of the uninterrupted run, each once."""
     per_group, _ = measured(tmp_path, tiny_checkpoint)
-    groups = max(16, math.ceil(10 / per_group))    # ~10 s of groups: the job still answers when it is requeued
+    groups = max(16, math.ceil(20 / per_group))    # ~20 s of groups: the job still answers when it is requeued
     sweep = tmp_path / "slurm"
     proc = subprocess.Popen([sys.executable, "-m", "harness", *sweep_args(
         tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, groups=groups)], cwd=tmp_path,
