@@ -56,12 +56,13 @@ def build(node: DictConfig, what: str, **kwargs):
 @contextmanager
 def refused(what: str) -> Iterator[None]:
     """A plugin's ValueError or TypeError (its constructor's, its `check`'s) as one ConfigError line, prefixed
-    with its kind unless the message already names one of its options."""
+    with its kind unless the message already starts with it (`method.k=0 ...`, `method mplus needs ...`)."""
     try:
         yield
     except (ValueError, TypeError) as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ConfigError(message if message.startswith(f"{what}.") else f"{what}: {message}") from None
+        named = message.startswith((f"{what}.", f"{what} ", f"{what}="))
+        raise ConfigError(message if named else f"{what}: {message}") from None
 
 
 def check_contract(plugin, what: str) -> None:

@@ -81,11 +81,9 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
         raise ConfigError(f"backend={cfg.backend}: {named('method')} reads its memory with "
                           f"backend={' or '.join(method.backends)}")
     selfcheck.refuse_unsupported(BACKENDS[cfg.backend], model_config)
-    try:
+    with refused("method"):
         method.check_model(model_config)
         method.check(num_layers(model_config))
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
     task = build(cfg.task, "task")
     if method.needs_targets and not getattr(task, "marks_targets", False):
         raise ConfigError(f"{named('method')} reads the fragments a task marks as holding the answer, and "
@@ -110,10 +108,8 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
                           f"{named('method')} recomputes memory tokens from their ids, which must be the same "
                           f"at every layer (use forgetting=random or informativeness)")
     compressor = build(cfg.compression, "compression")
-    try:
+    with refused("compression"):
         compressor.check()
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
     with refused("task"):
         found = task.groups(tokenizer)
     groups = shards.select(found, shard)

@@ -124,7 +124,8 @@ CASES = [
     (["compression=llmlingua2", "compression.model=nobody/missing"], "compression.model='nobody/missing' is neither"),
     (["compression=nosuch"], "Could not find 'compression/nosuch'"),
     (["method=memoryllm"], "backend=fast: method=memoryllm reads its memory with backend=hidden_prefix"),
-    (["method=mplus_defrag", "backend=hidden_prefix"], "method mplus needs a checkpoint of model_type 'memoryllm'"),
+    (["method=mplus_defrag", "backend=hidden_prefix"], "error: method mplus needs a checkpoint of model_type "
+     "'memoryllm'"),
     (["method=memoryllm", "method.defragment=maybe"], "method.defragment: Value 'maybe'"),
     (["compression=none", "compression.rate=0.5"], "compression.rate: Key 'rate' not in 'CompressionSchema'"),
     # devices, device maps and every model a run names, checked before weights (whether or not the hub answers)
@@ -266,6 +267,9 @@ CASES = [
     (["method=vanilla", "method._target_=tests.test_plugins.RecencyWindow"], "error: method RecencyWindow.plan(memory, "
      "prompt_ids, backend) cannot take the harness's call plan(memory, prompt_ids, backend, question)"),
     (["method=vanilla", "method._target_=tests.test_plugins.Budgeted"], "error: method.budget=0 must be >= 1"),
+    (["method=vanilla", "method._target_=tests.test_plugins.GemmaOnly"], "error: method: it runs on gemma2 "
+     "checkpoints only"),
+    (["compression._target_=tests.test_plugins.Offline"], "error: compression: its service cannot be reached offline"),
     (["task._target_=tests.test_plugins.ShortWindow"], "error: task: this task needs a window of 1,000,000 positions"),
     (["task._target_=tests.test_plugins.Unnumbered"], "error: task: its group Group has index=None"),
     (["task._target_=tests.test_plugins.NoData"], "error: task: the passkey file is empty"),

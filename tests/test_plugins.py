@@ -13,6 +13,8 @@ from harness.errors import ConfigError
 from harness.plugins import CONTRACTS, build, check_groups, check_record
 from harness.results import metrics_table
 from methods.base import Method, Plan
+from methods.baselines import Vanilla
+from methods.compression.compressor import NoCompression
 
 
 class RecencyWindow(Method):
@@ -31,6 +33,20 @@ class Budgeted(Method):
     def __init__(self, budget: int = 0):
         if budget < 1:
             raise ValueError(f"method.budget={budget} must be >= 1")
+
+
+class GemmaOnly(Vanilla):
+    """Refuses the model with a plain TypeError, as a newcomer writes it."""
+
+    def check_model(self, model_config):
+        raise TypeError("it runs on gemma2 checkpoints only")
+
+
+class Offline(NoCompression):
+    """Its compressor cannot be had here: a plain ValueError, unprefixed."""
+
+    def check(self):
+        raise ValueError("its service cannot be reached offline")
 
 
 class Passkey:
