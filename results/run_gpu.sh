@@ -60,11 +60,13 @@ memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none hydra.s
 memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none backend=hidden_prefix \
   method=memdefrag_top2 hydra.sweep.dir="$out/gpu_memory_hidden_prefix"
 release
+# allow_beyond_window=true as experiment=memoryllm_comparison: MemoryLLM-8B reads its pool of 12,800 slots past
+# the 8,192 positions of its shape (M+'s 131,072 hold its 12,800)
 for kind in memoryllm mplus; do
   checkpoint "${kind}_8b" "$ckpt/${kind}_8b"
   memdefrag experiment=runtime model=hf model.source="$ckpt/${kind}_8b" model.name="${kind}_8b_random" \
     model.dtype=bfloat16 model.tracer_layer=13 model.query_mode=last backend=hidden_prefix forgetting=none \
-    task.shuffle=false task.groups=2 method="$kind" task.data_dir="$data" logger=none \
+    task.shuffle=false task.groups=2 method="$kind" allow_beyond_window=true task.data_dir="$data" logger=none \
     hydra.sweep.dir="$out/runtime_$kind"
   release
 done

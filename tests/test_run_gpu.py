@@ -2,10 +2,20 @@
 node's pack (.gpu/enter.sh) sets reaches every command, and the random checkpoints go where CKPT says, their size
 said first, one on the disk at a time."""
 
+import itertools
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from harness.benchmark import SHAPES
+from harness.models import check_source
+from harness.runner import preflight
+from methods.window import trained_window
+from tests.conftest import sweep_points
+from tests.test_config import composed
 
 ROOT = Path(__file__).resolve().parents[1]
 STUB = """#!/bin/sh
@@ -15,7 +25,8 @@ while [ $# -gt 0 ]; do [ "$1" = --save-random ] && mkdir -p "$2" && touch "$2/mo
 """
 
 
-def test_run_gpu_reads_the_packs_data_and_tokenizer_and_writes_one_checkpoint_at_a_time_where_told(tmp_path):
+def run_gpu(tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """results/run_gpu.sh through the stubs: what it printed and the commands it ran, in order."""
     bin_dir, log, ckpt = tmp_path / "bin", tmp_path / "log", tmp_path / "checkpoints"
     bin_dir.mkdir()
     for name in ("memdefrag", "memdefrag-bench", "python3"):
@@ -28,7 +39,12 @@ def test_run_gpu_reads_the_packs_data_and_tokenizer_and_writes_one_checkpoint_at
     done = subprocess.run(["bash", str(ROOT / "results" / "run_gpu.sh")], cwd=ROOT, env=env, capture_output=True,
                           text=True)
     assert done.returncode == 0, done.stderr
-    calls = log.read_text().splitlines()
+    return done, log.read_text().splitlines()
+
+
+def test_run_gpu_reads_the_packs_data_and_tokenizer_and_writes_one_checkpoint_at_a_time_where_told(tmp_path):
+    ckpt = tmp_path / "checkpoints"
+    done, calls = run_gpu(tmp_path)
     first = done.stdout.splitlines()[0]
     assert first.startswith(f"random checkpoints under {ckpt}, one at a time: llama31_8b 16.1 GB") and "free" in first
     bench = [c for c in calls if c.startswith("memdefrag-bench")]
@@ -40,3 +56,34 @@ def test_run_gpu_reads_the_packs_data_and_tokenizer_and_writes_one_checkpoint_at
     runs = [c for c in calls if c.startswith("memdefrag experiment=")]
     assert runs and all(f"task.data_dir={tmp_path / 'data'}" in c for c in runs)
     assert not any(ckpt.iterdir())                                    # each removed after its runs
+
+
+def test_every_memdefrag_run_passes_preflight_and_reads_past_its_window_only_where_allowed(tmp_path, tiny_checkpoint):
+    """Each run of each `memdefrag` line (its experiment's axes, then its own) on a checkpoint of the shape it names
+    (config and tokenizer, empty weights: the same window as harness.benchmark.SHAPES declares) passes preflight. A
+    memory past the window (model.memory_capacity, else a MemoryLLM's pool) needs allow_beyond_window=true, which
+    preflight cannot see where a method reads a pool of its own: MemoryLLM-8B's 12,800 slots past 8,192 positions."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    beyond = set()
+    for call in run_gpu(tmp_path)[1]:
+        if not call.startswith("memdefrag experiment="):
+            continue
+        line = dict(arg.split("=", 1) for arg in call.split()[1:] if not arg.startswith(("hydra.", "task.data_dir")))
+        shape = Path(line["model.source"]).name
+        folder = tmp_path / "shapes" / shape
+        if not folder.is_dir():
+            SHAPES[shape].config_class(**SHAPES[shape].config).save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+            (folder / "model.safetensors").touch()
+        line["model.source"] = str(folder)
+        for point in sweep_points(line["experiment"]):
+            settings = {**dict(arg.split("=", 1) for arg in point), **line}
+            for values in itertools.product(*(value.split(",") for value in settings.values())):
+                cfg = composed(*(f"{key}={value}" for key, value in zip(settings, values)))
+                spec, *_ = preflight(cfg)
+                config = check_source(spec)[0]
+                memory = cfg.model.memory_capacity or config.num_blocks * config.num_tokens
+                if memory > trained_window(config):
+                    beyond.add(shape)
+                    assert cfg.allow_beyond_window, call
+    assert beyond == {"memoryllm_8b"}
