@@ -1,6 +1,8 @@
 """The reference methods every table starts with: no memory, the whole latent memory as stored, and the
 stored fragments as plain text."""
 
+import math
+
 import torch
 
 from methods.base import Method, Plan, Question
@@ -27,8 +29,8 @@ class Vanilla(Method):
 class TextMemory(Method):
     """The stored fragments as plain text before the prompt: memory without positional distortion.
     fit_window: the verbatim fragments (their text as stored, before any forgetting) cut to the model's positions
-    as LoCoMo cuts its conversation (snap-research/locomo `task_eval/evaluate_llama2.py`, `get_input_context`):
-    whole lines, the latest first, while the sink, the lines, the prompt and `answer_room` answer tokens fit;
+    (uncut where its config declares none) as LoCoMo cuts its conversation (snap-research/locomo
+    `task_eval/evaluate_llama2.py`, `get_input_context`): whole lines, the latest first, while the sink, the lines, the prompt and `answer_room` answer tokens fit;
     a fragment with any line kept keeps its first line too (a LoCoMo session's date header), and the fragments
     before the first that does not fit whole are dropped. Each line is tokenized on its own (LoCoMo counts
     each turn on its own too)."""
@@ -46,12 +48,13 @@ class TextMemory(Method):
     def plan(self, memory, prompt_ids, backend, question=Question()) -> Plan:
         ids = memory.text_ids()
         if self.fit_window and ids is not None:
-            window = trained_window(backend.model.config)
-            room = max(window - len(prompt_ids) - self.answer_room - memory.sink_length, 0)
+            window = trained_window(backend.model.config)        # None (ALiBi, say): no positions to cut to
+            room = math.inf if window is None else max(window - len(prompt_ids) - self.answer_room
+                                                       - memory.sink_length, 0)
             ids = torch.cat([ids[: memory.sink_length], self.latest_lines(memory.fragments, room)])
         return Plan(text_ids=ids)
 
-    def latest_lines(self, fragments, room: int) -> torch.Tensor:
+    def latest_lines(self, fragments, room: float) -> torch.Tensor:
         """The ids of the latest whole lines of `fragments` that fit in `room` tokens, each kept fragment's
         first line with them, in stored order."""
         kept = []                                   # per fragment, latest first: its first line's ids, then its lines'

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import PretrainedConfig
 
 from evals import synthetic_dialogue
 from evals.locomo import (ABSTAIN, PROTOCOLS, LoCoMo, Question, contains, evidence_sessions, first_line, gold,
@@ -205,6 +206,9 @@ def test_text_cut_to_the_window_keeps_the_latest_whole_lines_and_each_kept_fragm
     assert cut(len("Session 3 (July):\n") + 2) == ids("Session 3 (July):\n\n")      # the date line, the blank
     assert cut(3) == []
     assert torch.equal(TextMemory().plan(memory, torch.arange(5), backend).text_ids, memory.text_ids())
+    undeclared = type("Backend", (), {"model": type("M", (), {"config": PretrainedConfig()})})   # ALiBi, say
+    uncut = method.plan(memory, torch.arange(5), undeclared)                           # no positions: nothing cut
+    assert uncut.text_ids[memory.sink_length:].tolist() == ids(everything)
 
 
 def test_each_protocol_asks_as_its_source_does(tokenizer):
