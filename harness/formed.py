@@ -33,8 +33,8 @@ def moved(fragment: Fragment, move) -> Fragment:
 
 def host_copy(t: torch.Tensor) -> torch.Tensor:
     """A compact host copy of t: its own bytes only, never the larger tensor a slice of it views; pinned where t
-    was (memory_on=host)."""
-    return torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_pinned()).copy_(t)
+    was (memory_on=host) or CUDA is available, so that reusing a fragment formed on the GPU is no blocking copy."""
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_pinned() or torch.cuda.is_available()).copy_(t)
 
 
 class FormedFragments(Mapping):
