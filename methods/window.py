@@ -21,11 +21,14 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import torch
+
 from methods.attention.decoder import cache_keyword
 
 SCALED = ("yarn", "longrope", "llama3")       # RoPE types that extend a stated pretraining length by `factor`
 DECLARED = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
 BEYOND_MARK = "(past window)"                 # a table's mark on a run that read past its model's trained window
+HOST = torch.device("cpu")                    # position ids here are read at once; an accelerator's wait for take
 WAYS_OUT = "lower model.memory_capacity, or set allow_beyond_window=true to study reads beyond it deliberately"
 
 
@@ -67,13 +70,15 @@ class Window:
     """The positions a run's reads take against the model's trained window `limit` (None: no limit).
 
     A read past it raises WindowError unless `allow` (then `beyond` keeps, for the record being read, how
-    many positions past the window its longest read went: 0 inside)."""
+    many positions past the window its longest read went: 0 inside): at once where its position ids are on the
+    host, at the record's `take` where they are on an accelerator (so no forward waits for the device)."""
 
     def __init__(self, limit: int | None, allow: bool = False, model: str = "the model"):
         self.limit, self.allow, self.model = limit, allow, model
         self.reserve = 0                # positions after a forward's own that its answer takes (see answering)
         self.decoding = False           # inside `answering`'s decoding: one-token steps it already counted
         self.beyond = 0
+        self.pending: list[tuple] = []  # (last position id on an accelerator, answer positions after it, what)
 
     def check(self, needed: int, what: str = "a read") -> None:
         """Count a read of `needed` positions: refused past the window unless allowed."""
@@ -83,7 +88,13 @@ class Window:
         self.beyond = max(self.beyond, past)
 
     def take(self) -> int:
-        """Positions past the window of the longest read since the last take (0 inside), for one record."""
+        """Positions past the window of the longest read since the last take (0 inside), for one record. Reads
+        whose position ids lay on an accelerator are checked here, all with one host read (none per forward)."""
+        if self.pending:
+            lasts = torch.stack([last for last, _, _ in self.pending]).tolist()
+            pending, self.pending = self.pending, []
+            for last, (_, reserve, what) in zip(lasts, pending):
+                self.check(positions(last + 1, 0, reserve + 1), what)
         beyond, self.beyond = self.beyond, 0
         return beyond
 
@@ -111,13 +122,16 @@ class Window:
             ids = kwargs.get("input_ids", args[0] if args else None)
             tokens = (ids if ids is not None else kwargs["inputs_embeds"]).shape[1]
             given = kwargs.get("position_ids")
+            what = "a read with the answer's budget" if self.reserve else "a read"
+            if given is not None and given.device != HOST:       # read with the record's (take), not now
+                self.pending.append((given.max(), self.reserve, what))
+                return
             if given is not None:
                 last = int(given.max()) + 1
             else:
                 cache = kwargs.get(cache_keyword(module))
                 last = (0 if cache is None else cache.get_seq_length()) + tokens
-            self.check(positions(last, 0, self.reserve + 1), "a read with the answer's budget" if self.reserve
-                       else "a read")
+            self.check(positions(last, 0, self.reserve + 1), what)
 
         handle = model.get_decoder().register_forward_pre_hook(hook, with_kwargs=True)
         try:

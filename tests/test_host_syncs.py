@@ -26,6 +26,7 @@ from methods.session import Session
 from tests.conftest import COMMON, FRAGMENTS
 from tests.phantom import PhantomDevice
 from tests.testdata.memoryllm.tiny import fill
+from methods.window import Window
 
 PROMPT = torch.tensor([1, 40, 41, 42, 43, 44])
 
@@ -147,3 +148,23 @@ def test_mplus_retrieval_makes_no_host_sync_whatever_the_layers():
             retrieval_view(model, writer.memory, reference["question"])
             counts[layers] = dict(mode.syncs)
     assert counts[2] == counts[4] == PACKED
+
+
+def test_the_window_reads_a_questions_positions_once_at_its_record_not_per_forward(llama, tokenizer):
+    """The trained-window check watches every forward; on a device it keeps each forward's last position there
+    and reads them all with the record (one host read a question), counting what a host run counts."""
+    beyond = []
+    for on_device in (True, False):
+        window = Window(1, allow=True)
+        session = Session(llama, tokenizer, KVPrefixBackend(llama), MemDefrag(k=2, tracer_layer=2), "shared_sink",
+                          "plain", max_new_tokens=12, window=window)
+        with PhantomDevice(*([llama] if on_device else [])) as mode, window.watching(llama):
+            for text in FRAGMENTS:
+                session.store(text)
+            session.ask("where is the cat?")
+            asked = [site for site in mode.sites if site[1].startswith("methods/window.py")]
+            beyond.append(window.take())
+            taken = [(site, n) for site, n in mode.sites.items() if site[1].startswith("methods/window.py")]
+        if on_device:
+            assert asked == [] and [(kind, n) for (kind, _), n in taken] == [("tolist", 1)]
+    assert beyond[0] == beyond[1] > 0
