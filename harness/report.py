@@ -259,6 +259,12 @@ def longbench_section(root, runs, model: str) -> Section:
                          f"holding a gold answer (methods that trace). Runs: {folders}.")
 
 
+def protocol_of(run: Run) -> str:
+    """How a LoCoMo run asked its questions (task.protocol; migrate gives the runs older than it `bare`), which
+    every tab:locomo row names, as the protocols' scores are not the same quantity."""
+    return f"protocol={run.config['task']['protocol']}"
+
+
 def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
     """`tab:locomo`, per model, category and method: LoCoMo's F1 and the substring accuracy with their
     intervals, the evidence hit, its rank, seconds per question, and its figure (F1 against seconds per
@@ -272,7 +278,7 @@ def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
         return Section("tab:locomo", title, missing="no runs yet: memdefrag experiment=locomo"), layers
     labels = labelled(chosen, "tab:locomo")
     answered = [read_jsonl(run.folder / "predictions.jsonl") for run in chosen]
-    records = [{**record, "run": f"{run.model} {label}", "model": run.model, "method": label,
+    records = [{**record, "run": f"{run.model} {protocol_of(run)}: {label}", "model": run.model, "method": label,
                 "ranked_by": run.config["method"].get("ranker", "density")}    # BM25, dense: their own score
                for run, label, found in zip(chosen, labels, answered) for record in found]
     figure = figures / "locomo.png"
@@ -292,8 +298,8 @@ def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
                          f"accuracy: the gold, cut as LoCoMo's score cuts it, inside the scored reply, Wilson "
                          f"interval; evidence hit: an evidence session among the fragments read (methods that "
                          f"choose); evidence rank: its best rank under what ranked (attention density, or BM25's "
-                         f"or the dense retriever's own score). Runs of the two protocols (task.protocol) are "
-                         f"labelled apart. {sizes}. The figure: the last category's F1 against seconds per "
+                         f"or the dense retriever's own score). Each row names the protocol its questions "
+                         f"were asked under (task.protocol: locomo, authors, or bare for the runs before both). {sizes}. The figure: the last category's F1 against seconds per "
                          f"question."), layers
 
 
