@@ -1,7 +1,7 @@
 """LoCoMo (Maharana et al., ACL 2024): dialogue memory over long multi-session conversations. Each session is one
 fragment (its date, then `speaker: text` per turn, a shared photo's caption appended: the MemDefrag authors'
 serialization), stored in chronological order (forgetting past N_max, through the run's `forgetting`); then the
-questions are asked over the final memory under one of two declared protocols (`PROTOCOLS`, `task.protocol`):
+questions are asked over the final memory under one of three declared protocols (`PROTOCOLS`, `task.protocol`):
 
 - `locomo`: LoCoMo's own QA (snap-research/locomo, branch `code`, `task_eval/evaluate_llama2.py`, `get_answers`
   and `run_llama`): its short-answer instruction inside the model's chat template where it has one (as written
