@@ -85,7 +85,7 @@ def test_cli_writes_a_self_describing_result_folder(tmp_path):
 def test_cli_refuses_bad_input_with_one_line(tmp_path):
     done = memdefrag("method.k=0", f"hydra.run.dir={tmp_path}", cwd=os.getcwd())
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].startswith("memdefrag: error: method: method.k=0 is not allowed")
+    assert done.stderr.strip().splitlines()[-1].startswith("memdefrag: error: method.k=0 is not allowed")
 
 
 def test_the_readme_library_example_runs_as_written(tmp_path, monkeypatch, capsys):
