@@ -58,9 +58,11 @@ def memdefrag(cwd: Path, *args: str, timeout: int = 600) -> subprocess.Completed
                           timeout=timeout)
 
 
-def sweep_args(checkpoint: str, folder: Path, *overrides: str, groups: int = 2) -> list[str]:
-    """A tiny multirun on CPU into `folder` (then `overrides`: a method list, a launcher)."""
-    return ["-m", *tiny_overrides(checkpoint, small_task=False), f"task.groups={groups}", "task.updates=3",
+def sweep_args(checkpoint: str, folder: Path, *overrides: str, groups: int = 2, tokens: int = 4) -> list[str]:
+    """A tiny multirun on CPU into `folder` (then `overrides`: a method list, a launcher); `tokens`: each answer's
+    budget (the work a group takes, where the synthetic set's groups are too few to fill a time)."""
+    tiny = [o for o in tiny_overrides(checkpoint, small_task=False) if not o.startswith("max_new_tokens=")]
+    return ["-m", *tiny, f"max_new_tokens={tokens}", f"task.groups={groups}", "task.updates=3",
             "model.device=cpu", "threads=1", f"hydra.sweep.dir={folder}", *overrides]
 
 
@@ -73,10 +75,15 @@ def until(done, seconds: float, what: str):
     return value
 
 
-def job_of(sweep: Path) -> str:
-    """The SLURM id of a one-run sweep's job, from its log folder (.submitit/<job id>)."""
-    return until(lambda: [p.name for p in (sweep / ".submitit").glob("*") if p.name.isdigit()], 120,
-                 "a job submitted")[0]
+def job_of(sweep: Path, proc: subprocess.Popen) -> str:
+    """The SLURM id of a one-run sweep's job, from its log folder (.submitit/<job id>); the submitting command's
+    own output if it ended before submitting."""
+
+    def submitted():
+        assert proc.poll() is None or (sweep / ".submitit").is_dir(), proc.communicate()
+        return [p.name for p in (sweep / ".submitit").glob("*") if p.name.isdigit()]
+
+    return until(submitted, 240, "a job submitted")[0]
 
 
 def finished_groups(run: Path) -> int:
@@ -97,10 +104,14 @@ def wait_releasing(proc: subprocess.Popen, job: str, timeout: int = 600) -> tupl
     return proc.communicate()
 
 
-def measured(tmp_path: Path, checkpoint: str, groups: int = 8) -> tuple[float, float]:
+LONG_ANSWERS = 160      # tokens an answer decodes where a run must last: the synthetic set has 100 groups of 3 updates
+
+
+def measured(tmp_path: Path, checkpoint: str, groups: int = 8, tokens: int = 4) -> tuple[float, float]:
     """Seconds and prediction lines per group of an uninterrupted run on this machine, to size a run that must
     outlast an interruption."""
-    probe = memdefrag(tmp_path, *sweep_args(checkpoint, tmp_path / "probe", "method=memdefrag_top2", groups=groups))
+    probe = memdefrag(tmp_path, *sweep_args(checkpoint, tmp_path / "probe", "method=memdefrag_top2", groups=groups,
+                                            tokens=tokens))
     assert probe.returncode == 0, probe.stderr
     per_group = json.loads((tmp_path / "probe" / RUN / "run.json").read_text())["seconds"]["per_group"]
     return per_group, len((tmp_path / "probe" / RUN / "predictions.jsonl").read_text().splitlines()) / groups
@@ -135,13 +146,13 @@ def test_a_sweep_through_slurm_answers_as_the_same_sweep_without_a_launcher(tmp_
 def test_a_requeued_job_resumes_with_every_line_once(tmp_path, tiny_checkpoint):
     """`scontrol requeue` after the first group: the job runs again, keeps the groups it finished, and its run
     holds the lines of the uninterrupted run, each once."""
-    per_group, _ = measured(tmp_path, tiny_checkpoint)
-    groups = max(16, math.ceil(20 / per_group))    # ~20 s of groups: the job still answers when it is requeued
+    per_group, _ = measured(tmp_path, tiny_checkpoint, tokens=LONG_ANSWERS)
+    groups = min(100, max(16, math.ceil(20 / per_group)))  # ~20 s of groups: still answering when requeued
     sweep = tmp_path / "slurm"
     proc = subprocess.Popen([sys.executable, "-m", "harness", *sweep_args(
-        tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, groups=groups)], cwd=tmp_path,
+        tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, groups=groups, tokens=LONG_ANSWERS)], cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    job = job_of(sweep)
+    job = job_of(sweep, proc)
     until(lambda: finished_groups(sweep / RUN) >= 1, 300, "the first group finished")
     subprocess.run(["scontrol", "requeue", job], check=True)
     out, err = wait_releasing(proc, job)
@@ -150,7 +161,7 @@ def test_a_requeued_job_resumes_with_every_line_once(tmp_path, tiny_checkpoint):
     resumed = resumed_at(log, groups)
     assert len(resumed) == 1 and 1 <= resumed[0] < groups, log
     plain = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, tmp_path / "plain", "method=memdefrag_top2",
-                                            groups=groups))
+                                            groups=groups, tokens=LONG_ANSWERS))
     assert plain.returncode == 0, plain.stderr
     lines = [len((folder / RUN / "predictions.jsonl").read_text().splitlines())
              for folder in (sweep, tmp_path / "plain")]
@@ -166,14 +177,15 @@ def test_a_job_that_reaches_its_time_limit_is_requeued_and_resumes(tmp_path, tin
     SLURM looks every 30 s; not sooner, while the job still unpickles its function), submitit requeues it, the run
     resumes and ends with the lines an uninterrupted run writes per group, each once. The run is sized to outlast
     the signal on this machine: 60 s at the seconds per group of an uninterrupted run."""
-    per_group, lines_per_group = measured(tmp_path, tiny_checkpoint)
+    per_group, lines_per_group = measured(tmp_path, tiny_checkpoint, tokens=LONG_ANSWERS)
     groups = max(16, math.ceil(60 / per_group))
+    assert groups <= 100, f"{per_group:.2f} s a group: the synthetic set's 100 groups of 3 updates last under 60 s"
     sweep = tmp_path / "slurm"
     proc = subprocess.Popen([sys.executable, "-m", "harness", *sweep_args(
         tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, "hydra.launcher.timeout_min=2",
-        "hydra.launcher.signal_delay_s=60", groups=groups)], cwd=tmp_path, stdout=subprocess.PIPE,
+        "hydra.launcher.signal_delay_s=60", groups=groups, tokens=LONG_ANSWERS)], cwd=tmp_path, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
-    job = job_of(sweep)
+    job = job_of(sweep, proc)
     out, err = wait_releasing(proc, job)
     assert proc.returncode == 0, err
     log = (sweep / ".submitit" / job / f"{job}_0_log.err").read_text()
