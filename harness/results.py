@@ -237,6 +237,7 @@ class ResultFolder:
 # existed), so that an old run resumes, pairs in `memdefrag compare`, keeps its label and is migrated
 # (`memdefrag migrate`) without a guess.
 LATER_SETTINGS = {"memory_on": "model", "shard": None, "resume": True, "study": None,
+                  "allow_beyond_window": True,      # nothing was refused before the window check: every read ran
                   "forgetting": {"_target_": "methods.forgetting.NoForgetting", "label": "unbounded"},
                   "compression": {"_target_": "methods.compression.compressor.NoCompression", "label": "none"}}
 LATER_PLUGIN_SETTINGS = {                  # the same for a plugin's options, by its _target_
