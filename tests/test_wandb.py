@@ -17,6 +17,12 @@ def offline_runs(folder):
     return sorted((folder / "wandb").glob("offline-run-*"))
 
 
+def run_id_of(offline_run) -> str:
+    """W&B names an offline run `offline-run-<time>-<id>`, adding `-<n>` when a run with that name started in the
+    same second: a resumed run can."""
+    return offline_run.name.split("-")[3]
+
+
 def logged_groups(run_folder) -> list[int]:
     """The groups whose records a W&B run logged as they ended (its group tables, offline)."""
     groups = []
@@ -43,12 +49,12 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path, tiny_checkpoint, monkey
         run(tiny_run_config(tiny_checkpoint, *RUN), str(tmp_path))
     run_id = (tmp_path / RUN_ID_FILE).read_text().strip()
     [first] = offline_runs(tmp_path)
-    assert first.name.endswith(run_id) and logged_groups(first) == [0, 1]        # logged as they ended
+    assert run_id_of(first) == run_id and logged_groups(first) == [0, 1]        # logged as they ended
     monkeypatch.setattr(results.ResultFolder, "end_group", ended)
     run(tiny_run_config(tiny_checkpoint, *RUN), str(tmp_path))                  # resumes groups 2 and 3
     assert (tmp_path / RUN_ID_FILE).read_text().strip() == run_id
     runs = offline_runs(tmp_path)
-    assert len(runs) == 2 and all(r.name.endswith(run_id) for r in runs)        # one W&B run, synced as one
+    assert len(runs) == 2 and all(run_id_of(r) == run_id for r in runs)        # one W&B run, synced as one
     [resumed] = [r for r in runs if r != first]
     assert logged_groups(resumed) == [2, 3] and "predictions" in tables(resumed)
 
