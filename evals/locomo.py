@@ -365,6 +365,7 @@ class LoCoMo:
                 "target_rank": best_rank(held, answer.densities),
                 "seconds": {**(updates if n == 0 else {}), **answer.seconds},
                 **({} if answer.read is None or not held else {"target_read": any(f in answer.read for f in held)}),
+                **answer.ranked(),
                 **({"evidence_rank_by_layer": by_layer} if by_layer else {}),
             }
 

@@ -342,7 +342,7 @@ class LongBench:
             "subset_skipped": item.subset_skipped, "memory_tokens": session.memory.n_tokens,
             "used_tokens": answer.memory_tokens,
             "answer_chunks": [ids.index(fid) for fid in holding],
-            "target_rank": best_rank(holding, answer.densities),
+            "target_rank": best_rank(holding, answer.densities), **answer.ranked(),
             "seconds": {**updates, **answer.seconds},
             **self.bertscore.describe(),
         }

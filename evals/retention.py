@@ -114,7 +114,7 @@ class Retention:
                 "correct": is_correct(group.target.answer, answer.text),
                 "memory_tokens": session.memory.n_tokens, "used_tokens": answer.memory_tokens,
                 "target_tokens": session.memory.length_of(target_id),
-                "target_rank": rank_of(target_id, answer.densities),
+                "target_rank": rank_of(target_id, answer.densities), **answer.ranked(),
                 "target_position": ids.index(target_id) + 1 if target_id in ids else None,
                 "seconds": {**session.update_seconds, **answer.seconds}, **observed,
                 **({} if answer.read is None else {"target_read": target_id in answer.read}),

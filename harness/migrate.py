@@ -4,7 +4,8 @@ report reads them all alike.
 - config.yaml: every setting added since the run was written, at the value it then had (harness.results.as_of_now),
   so that no table splits a method's column on a setting that older runs did not record;
 - predictions.jsonl: each record annotated by the record hooks of this version (RECORD_HOOKS: the positions it
-  read past its model's trained window, harness/window_records.py), groups.jsonl's hashes following;
+  read past its model's trained window, harness/window_records.py; what ranked it), groups.jsonl's hashes
+  following;
 - run.json: how many records read past the window (harness/window_records.py);
 - metrics.csv: the task's metrics of the finished groups' records as this version computes them (intervals
   included).
@@ -27,9 +28,19 @@ from harness.results import as_of_now, atomic_write, digest, metrics_table, read
 from harness.summary import run_folders
 from harness.window_records import summarize, with_beyond_window
 
+
+def with_ranker(config: dict, records: list[dict]) -> list[dict]:
+    """A ranked record of a retriever's run (method.ranker other than density) says what ranked it: `ranked_by`,
+    which records write since the rank column is labelled by its ranker."""
+    ranker = config["method"].get("ranker", "density")
+    if ranker == "density":
+        return records
+    return [{**r, "ranked_by": ranker} if "target_rank" in r and "ranked_by" not in r else r for r in records]
+
+
 # Functions (config, records) -> records that annotate the records of an older run with a field this version
 # writes; each returns the records unchanged where it has nothing to add.
-RECORD_HOOKS: list[Callable[[dict, list[dict]], list[dict]]] = [with_beyond_window]
+RECORD_HOOKS: list[Callable[[dict, list[dict]], list[dict]]] = [with_beyond_window, with_ranker]
 
 
 def finished(folder: Path, records: list[dict]) -> list[dict]:

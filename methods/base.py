@@ -68,6 +68,7 @@ class Plan:
     density for MemDefrag's ranker; a record's target_rank is the target's rank under it).
     seconds: time per phase of planning (e.g. trace, select), where a method has phases.
     read: the ids of the stored fragments the answer reads, where the method chooses some (a selection).
+    scored_by: what gave `densities` (a ranker's name: attention density unless a retriever scored them).
     reading: how the backend reads `latent` (recomputed positions, parallel positions).
     """
 
@@ -76,6 +77,7 @@ class Plan:
     densities: torch.Tensor | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     read: list[int] | None = None
+    scored_by: str = "density"
     reading: Reading = field(default_factory=Reading)
 
 

@@ -27,13 +27,19 @@ UPDATE_PHASES = ("compression", "formation", "forgetting", "index")  # a store's
 class Answer:
     text: str
     memory_tokens: int            # memory positions the answer was generated with (text ones included)
-    densities: dict[int, float]   # fragment id -> attention density, where the method traced
+    densities: dict[int, float]   # fragment id -> attention density, where the method traced (or the score of
+                                  # `scored_by`, a retriever's)
     seconds: dict[str, float]     # per phase: the method's (e.g. trace, defragment) or plan, then prefill, decode
     tokens: int = 0               # tokens generated: the first from the prefill, the rest decoded
     read: list[int] | None = None # the fragment ids the answer read, where the method chose some
     prompt_tokens: int = 0        # tokens of the prompt run after the memory
     recomputed: float = 0.0       # memory positions computed for the answer, averaged over the layers (text: all
                                   # of its tokens, unless a held prefix of them is reused)
+    scored_by: str = "density"
+
+    def ranked(self) -> dict:
+        """For a record with a rank under `densities`: what ranked, where it was not attention density."""
+        return {} if self.scored_by == "density" else {"ranked_by": self.scored_by}
 
 
 class Session:
@@ -144,4 +150,4 @@ class Session:
         dens = {} if plan.densities is None else dict(zip(self.memory.ids(), plan.densities.tolist()))
         return Answer(self.tokenizer.decode(new_ids, skip_special_tokens=True), memory_tokens, dens,
                       {**(plan.seconds or {"plan": t1 - t0}), "prefill": t2 - t1, "decode": t3 - t2}, len(new_ids),
-                      plan.read, len(prompt_ids), recomputed)
+                      plan.read, len(prompt_ids), recomputed, plan.scored_by)

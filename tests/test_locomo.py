@@ -295,6 +295,20 @@ def test_the_rank_column_says_what_ranked():
     assert table.loc[(4, "vanilla"), "ranked by"] == ""
 
 
+def test_a_retrievers_run_says_in_its_records_and_summary_that_the_retriever_ranked(tmp_path, tiny_checkpoint):
+    """method=select method.ranker=bm25 on task=locomo: the evidence rank is BM25's, and the run's own summary
+    (its metrics.csv, the console's) says so, not "density"."""
+    from harness.runner import run
+    from tests.conftest import tiny_run_config
+
+    cfg = tiny_run_config(tiny_checkpoint, "task=locomo", "method=select", "method.ranker=bm25", "task.groups=1",
+                          small_task=False)
+    metrics = run(cfg, str(tmp_path))
+    records = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
+    assert {r["ranked_by"] for r in records} == {"bm25"}
+    assert set(metrics.loc[metrics["evidence rank"].notna(), "ranked by"]) == {"bm25"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["none", "text", "text_window", "vanilla", "memdefrag_top2", "select", "ape",
                                     "epic", "cacheblend", "memoryllm_defrag", "mplus_defrag"])

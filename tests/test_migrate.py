@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness.errors import ConfigError
-from harness.migrate import migrate_all
+from harness.migrate import migrate_all, with_ranker
 from harness.report import write
 from tests.test_plugins import Passkey as IncompletePasskey
 from tests.test_report import fake_run
@@ -41,6 +41,13 @@ def test_an_old_run_gets_the_settings_it_had_and_its_intervals_and_a_second_migr
     metrics = pd.read_csv(tmp_path / "r" / "vanilla" / "metrics.csv")
     assert list(metrics["accuracy"]) == [0.5, 0.5] and metrics["accuracy_low"].between(0, 0.5).all()
     assert migrate_all(tmp_path) == {}
+
+
+def test_a_retrievers_older_records_say_what_ranked_them():
+    ranked, unranked = {"target_rank": 2}, {"target_rank": None, "ranked_by": "bm25"}
+    assert with_ranker({"method": {"ranker": "bm25"}}, [ranked, unranked, {}]) == [
+        {"target_rank": 2, "ranked_by": "bm25"}, unranked, {}]
+    assert with_ranker({"method": {"ranker": "density"}}, [ranked]) == [ranked] == with_ranker({"method": {}}, [ranked])
 
 
 def test_the_committed_results_need_no_migration(tmp_path):

@@ -50,6 +50,7 @@ class Selection(Method):
         number_in("method.tau", tau, 1, why="the score ratio that ends adaptive K")
         self.size, self.k, self.tau, self.k_max = size, k, float(tau), k_max
         self.arrangement, self.window, self.reading, self.seed = arrangement, window, reading, seed
+        self.ranker_name = ranker
         self.ranker = {"density": lambda: rankers.Density(tracer_layer, query_mode), "bm25": rankers.BM25,
                        "dense": lambda: rankers.Dense(embedder), "oracle": rankers.Oracle,
                        "recency": rankers.Recency,
@@ -94,5 +95,6 @@ class Selection(Method):
         view = memory.arranged(self.order(scores))
         seconds = {self.ranker.phase: ranked - start, "select": clock(device) - ranked}
         if self.reading == "text":
-            return Plan(text_ids=view.text_ids(), densities=scores, seconds=seconds, read=view.ids())
-        return Plan(latent=view, densities=scores, seconds=seconds, read=view.ids())
+            return Plan(text_ids=view.text_ids(), densities=scores, seconds=seconds, read=view.ids(),
+                        scored_by=self.ranker_name)
+        return Plan(latent=view, densities=scores, seconds=seconds, read=view.ids(), scored_by=self.ranker_name)
