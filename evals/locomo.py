@@ -44,7 +44,7 @@ from evals.retention import best_rank, is_correct
 from evals.stats import bootstrap_mean, wilson, with_interval
 from methods.attention.decoder import num_layers
 from methods.attention.tracing import QueryMode, densities, ranks
-from methods.errors import ConfigError, one_of
+from methods.errors import ConfigError, one_of, whole_number
 from methods.session import UPDATE_PHASES
 
 LoCoMoDataset = StrEnum("LoCoMoDataset", ["synthetic", "locomo"])
@@ -261,15 +261,14 @@ class LoCoMo:
             raise ConfigError(f"task.categories={categories} must name some of "
                               f"{[int(c) for c in Category]} (1 multi-hop, 2 temporal, 3 open-domain, "
                               f"4 single-hop, 5 adversarial)")
-        listed = isinstance(questions, Sequence)
+        listed = isinstance(questions, Sequence) and not isinstance(questions, str)
         if listed and len(questions) != len(Category):
             raise ConfigError(f"task.questions={list(questions)} must give one number (or null) per category 1-5")
         per_category = dict(zip(Category, questions)) if listed else {c: questions for c in categories}
         counts = per_category.items() if listed else [("", questions)]
         for key, value in [("groups", groups), ("max_tokens", max_tokens),
                            *((f"questions{f'[{c - 1}]' if c else ''}", n) for c, n in counts)]:
-            if value is not None and value < 1:
-                raise ConfigError(f"task.{key}={value} must be >= 1, or null")
+            whole_number(f"task.{key}", value, or_null=True)
         if file is not None and dataset != "locomo":
             raise ConfigError(f"task.file={file} reads LoCoMo's format: set task.dataset=locomo")
         self.dataset, self.categories = dataset, sorted({int(c) for c in categories})

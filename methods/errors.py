@@ -14,10 +14,13 @@ def one_of(key: str, value, choices) -> None:
         raise ConfigError(f"{key}={value!r} is not one of {[choice.value for choice in choices]}")
 
 
-def whole_number(key: str, value, least: int = 1) -> None:
-    """Refuse anything but an integer of at least `least`, naming the key and the value."""
+def whole_number(key: str, value, least: int = 1, or_null: bool = False) -> None:
+    """Refuse anything but an integer of at least `least` (or None, where `or_null`), naming the key and the
+    value."""
+    if or_null and value is None:
+        return
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"{key}={value!r} must be an integer >= {least}")
+        raise ConfigError(f"{key}={value!r} must be an integer >= {least}{', or null' if or_null else ''}")
 
 
 def number_in(key: str, value, low: float, high: float | None = None, why: str = "") -> None:

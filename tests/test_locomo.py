@@ -156,8 +156,12 @@ def test_an_unreadable_file_is_refused_in_one_line(tmp_path, contents, says):
 @pytest.mark.parametrize("options, says", [
     (dict(categories=[0]), r"task.categories=\[0\] must name some of \[1, 2, 3, 4, 5\]"),
     (dict(categories=[]), r"task.categories=\[\] must name some of"),
-    (dict(groups=0), "task.groups=0 must be >= 1"), (dict(questions=0), "task.questions=0 must be >= 1"),
-    (dict(questions=[None, None, None, 0, None]), r"task.questions\[3\]=0 must be >= 1"),
+    (dict(groups=0), "task.groups=0 must be an integer >= 1, or null"),
+    (dict(questions=0), "task.questions=0 must be an integer >= 1"),
+    (dict(questions=[None, None, None, 0, None]), r"task.questions\[3\]=0 must be an integer >= 1"),
+    (dict(questions=["a", 2, 2, 2, 2]), r"task.questions\[0\]='a' must be an integer >= 1, or null"),
+    (dict(questions="abc"), "task.questions='abc' must be an integer"), (dict(questions=2.5), "task.questions=2.5"),
+    (dict(questions=True), "task.questions=True must be an integer"),
     (dict(questions=[1, 1]), r"task.questions=\[1, 1\] must give one number \(or null\) per category 1-5"),
     (dict(protocol="official"), r"task.protocol='official' is not one of \['locomo', 'authors', 'bare'\]"),
     (dict(dataset="locomo10"), "task.dataset"), (dict(file="x.json"), "set task.dataset=locomo")])
