@@ -58,6 +58,14 @@ def paired_difference(first: np.ndarray, second: np.ndarray, groups: np.ndarray,
     return bootstrap_mean(np.asarray(second, dtype=float) - np.asarray(first, dtype=float), groups, **bootstrap)
 
 
+def resolves(groups: int, confidence: float = CONFIDENCE) -> bool:
+    """Whether a percentile bootstrap over `groups` groups can say more than their range: a resample repeating one
+    group (probability groups ** -groups) is likelier than the interval's tail below 4 groups at 95 %, so there
+    its ends are the extreme groups' own means, and an interval without 0 says only that every group moved the
+    same way (two groups: even odds without any difference)."""
+    return groups ** -groups < (1 - confidence) / 2
+
+
 def with_interval(rate: float, low: float, high: float) -> str:
     """A rate and its interval as a table shows them, in %: `50.0 [32.1, 67.9]`."""
     if math.isnan(rate):

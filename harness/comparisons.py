@@ -15,7 +15,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from evals.stats import wilson, with_interval
-from harness.claims import paired, read_claims, rendered
+from harness.claims import STEPS, supported
 from harness.figures import accuracy_against_time
 from harness.results import read_jsonl
 from harness.sections import Run, Section, bench_table, labelled, named
@@ -23,7 +23,6 @@ from methods.session import UPDATE_PHASES
 from methods.window import BEYOND_MARK
 
 ANSWER_PHASES = ("trace", "rank", "select", "prefill", "decode")     # a question's seconds, in the order spent
-QUESTION = ["seed", "group"]                                  # what pairs two rows' answers at a step
 RANKER_REFERENCE, PEER_REFERENCE = "density top1 latent", "memdefrag_top1"    # what the others are paired with
 INTERVALS = ("Accuracy: % of the questions at that step, with its 95 % Wilson interval in brackets (n = groups x "
              "seeds: one question per group and step).")
@@ -98,7 +97,7 @@ def versus(rows: list[Row], reference: str) -> list[str]:
         if row.name in references or (row.model, row.dataset) not in last:
             out.append("reference" if row.name in references else "")
             continue
-        found = paired(row.records, last[row.model, row.dataset], row.records["step"].max(), QUESTION)
+        found = STEPS.compare(row.records, last[row.model, row.dataset], row.records["step"].max())
         out.append(f"{found.accuracy - found.against:+.1f} (p {found.p:.2g}, n {found.n})")
     return out
 
@@ -140,7 +139,7 @@ def rankers_section(root, runs, figures) -> Section:
     rows = rows_of(chosen, [named(r, variant(r.config["method"])) for r in chosen])
     table = pd.DataFrame([ranker_row(row) for row in rows])
     table[f"vs {RANKER_REFERENCE}"] = versus(rows, RANKER_REFERENCE)
-    claims = supported(root, "rankers", rows)
+    claims = supported(root / "claims.yaml", "rankers", keyed("rankers", rows))
     table = table.sort_values(["model", "dataset", "variant"], kind="stable")
     section.table = shown(table.set_index(["model", "dataset", "variant"]).dropna(axis=1, how="all")).round(2)
     last = f"acc@{max(int(c[4:]) for c in table.columns if c.startswith('acc@'))}"
@@ -187,7 +186,7 @@ def peers_section(root, runs, figures) -> Section:
     rows = rows_of(chosen, labelled(chosen, "tab:peers", leave=("seed",)))
     table = pd.DataFrame([peer_row(row) for row in rows])
     table[f"vs {PEER_REFERENCE}"] = versus(rows, PEER_REFERENCE)
-    claims = supported(root, "peers", rows)
+    claims = supported(root / "claims.yaml", "peers", keyed("peers", rows))
     table = table.sort_values(["model", "dataset", "method"], kind="stable",     # by the sweep's option a label
                               key=lambda c: c.str.split().str[0].map(order).fillna(len(order))   # begins with
                               if c.name == "method" else c)
@@ -205,13 +204,6 @@ def peers_section(root, runs, figures) -> Section:
     return section
 
 
-def supported(root: Path, label: str, rows: list[Row]) -> str:
-    """The claims of root/claims.yaml on this table, each with its numbers (harness.claims), as a list under
-    'What the table supports' ('' where none is made)."""
-    claims = read_claims(root / "claims.yaml")
-    keyed = {(label, row.model, row.dataset, row.name): row.records for row in rows}
-    sentences = rendered(claims, keyed, label, QUESTION)
-    if not sentences:
-        return ""
-    return ("\n\nWhat the table supports (`claims.yaml`; a difference only where McNemar's exact p < 0.05 on the "
-            "same questions):\n\n" + "\n".join(f"- {s}" for s in sentences))
+def keyed(label: str, rows: list[Row]) -> dict[tuple, pd.DataFrame]:
+    """The rows' records as a claim on table `label` names them (harness.claims.Claim.key)."""
+    return {(label, row.model, row.dataset, row.name): row.records for row in rows}

@@ -17,6 +17,7 @@ from evals.locomo import layers_table, locomo_table, scores_by_category
 from evals.longbench import longbench_table
 from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
+from harness.claims import supported
 from harness.comparisons import peers_section, rankers_section
 from evals.stats import wilson, with_interval
 from harness.errors import OneLineParser
@@ -279,8 +280,11 @@ def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
     labels = labelled(chosen, "tab:locomo")
     answered = [read_jsonl(run.folder / "predictions.jsonl") for run in chosen]
     records = [{**record, "run": f"{run.model} {protocol_of(run)}: {label}", "model": run.model, "method": label,
+                "protocol": protocol_of(run),
                 "ranked_by": run.config["method"].get("ranker", "density")}    # BM25, dense: their own score
                for run, label, found in zip(chosen, labels, answered) for record in found]
+    rows = pd.DataFrame(records).groupby(["model", "protocol", "method"])    # a claim names `run` by its parts
+    claims = supported(root / "claims.yaml", "locomo", {("locomo", *key): part for key, part in rows})
     figure = figures / "locomo.png"
     points = scores_by_category(records, ("model", "method"))
     accuracy_against_time(points[points.category == points.category.max()], "f1", figure, name="method",
@@ -300,7 +304,7 @@ def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
                          f"choose); evidence rank: its best rank under what ranked (attention density, or BM25's "
                          f"or the dense retriever's own score). Each row names the protocol its questions "
                          f"were asked under (task.protocol: locomo, authors, or bare for the runs before both). {sizes}. The figure: the last category's F1 against seconds per "
-                         f"question."), layers
+                         f"question.{claims}"), layers
 
 
 def tracer_summary_section(root: Path, runs: list[Run]) -> Section:

@@ -12,9 +12,10 @@ from harness.report import write
 
 
 def fake_run(folder, task, method, records, forgetting="unbounded", info=None, study=None, dataset="nqa",
-             compression=None, model=None, method_options=None, seed=42):
+             compression=None, model=None, method_options=None, seed=42, task_options=None):
     folder.mkdir(parents=True)
-    config = {"task": {"_target_": f"evals.{task.lower()}.{task}", "dataset": dataset, "updates": 50, "seed": seed},
+    config = {"task": {"_target_": f"evals.{task.lower()}.{task}", "dataset": dataset, "updates": 50, "seed": seed,
+                       **(task_options or {})},
               "method": {"label": method, **(method_options or {})}, "forgetting": {"label": forgetting},
               "model": model or {"name": "smollm2"},
               "prompt": "chat", "formation": "shared_sink", "study": study,

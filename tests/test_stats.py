@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from evals.stats import mcnemar, paired_difference, wilson, with_interval
+from evals.stats import bootstrap_mean, mcnemar, paired_difference, resolves, wilson, with_interval
 
 
 @pytest.mark.parametrize("k, n, low, high", [(5, 10, 0.2366, 0.7634), (0, 10, 0.0, 0.2775),  # Newcombe (1998)
@@ -40,6 +40,14 @@ def test_the_paired_bootstrap_resamples_groups_and_brackets_the_mean():
     mean, low, high = paired_difference(first, second, groups)
     assert mean == 0.5 and low < 0.5 < high and 0 <= low and high <= 1
     assert (low, high) == paired_difference(first, second, groups)[1:]           # seeded: the same every time
+
+
+@pytest.mark.parametrize("groups", [2, 3, 4, 5])
+def test_below_four_groups_the_bootstrap_interval_is_only_their_range(groups):
+    """One question per group, group g scoring g: under 4 groups the interval's ends are the extreme groups'
+    scores, so it says nothing the groups' own range does not (`resolves`); from 4 on it lies inside."""
+    mean, low, high = bootstrap_mean(np.arange(groups, dtype=float), np.arange(groups))
+    assert ((low, high) == (0, groups - 1)) != resolves(groups) and resolves(groups) == (groups >= 4)
 
 
 def test_a_rate_is_shown_with_its_interval_in_percent():
