@@ -84,8 +84,10 @@ def accuracy_against_time(table: pd.DataFrame, accuracy: str, path: str | Path, 
     for model, rows in table.groupby("model"):
         points = ax.scatter(rows[time], rows[accuracy], label=model)
         if low in rows and high in rows:           # the accuracy's interval as an error bar
-            ax.errorbar(rows[time], rows[accuracy], yerr=[rows[accuracy] - rows[low], rows[high] - rows[accuracy]],
-                        fmt="none", ecolor=points.get_facecolor()[0], alpha=0.5, capsize=2)
+            # a constant sample's bootstrap ends, rounded, can lie a hair past its mean: no negative bar
+            spread = [(rows[accuracy] - rows[low]).clip(lower=0), (rows[high] - rows[accuracy]).clip(lower=0)]
+            ax.errorbar(rows[time], rows[accuracy], yerr=spread, fmt="none", ecolor=points.get_facecolor()[0],
+                        alpha=0.5, capsize=2)
         for _, row in rows.iterrows():
             ax.annotate(row[name], (row[time], row[accuracy]), fontsize=6, alpha=0.8,
                         color=points.get_facecolor()[0], xytext=(3, 2), textcoords="offset points")

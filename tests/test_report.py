@@ -206,3 +206,16 @@ def test_the_locomo_layer_table_gives_each_hit_rate_its_interval():
     table = layers_table(records)
     assert list(table["top2 (last)"]) == ["50.0 [9.5, 90.5]", "50.0 [9.5, 90.5]", 0]
     assert list(table["top2 (mean)"]) == ["100.0 [34.2, 100.0]", "100.0 [34.2, 100.0]", 0]
+
+
+def test_a_figure_takes_an_interval_whose_rounded_end_lies_past_its_mean(tmp_path):
+    """A constant sample's bootstrap ends, rounded, can lie a hair past the mean (0.2 -> low 0.20000000000000004):
+    the point is drawn, not refused for a negative error bar."""
+    import pandas as pd
+
+    from harness.figures import accuracy_against_time
+
+    table = pd.DataFrame({"model": ["m"], "method": ["vanilla"], "s/question": [1.0], "f1": [20.0],
+                          "f1 low": [20.000000000000004], "f1 high": [20.0]})
+    accuracy_against_time(table, "f1", tmp_path / "f.png", name="method", interval=("f1 low", "f1 high"))
+    assert (tmp_path / "f.png").stat().st_size > 0
