@@ -26,7 +26,8 @@ from methods.attention.decoder import num_layers
 from methods.forgetting import CapacityError
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
-from methods.prompting import format_prompt
+from methods.formation import formation_header, sink_ids
+from methods.prompting import format_prompt, read_prompt
 from methods.session import Session
 from methods.window import Window, WindowError, check_capacity, trained_window, window_summary
 
@@ -120,9 +121,11 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
         if longest > forgetting.capacity:
             raise ConfigError(f"forgetting.capacity={forgetting.capacity} is smaller than a fragment of this task "
                               f"({longest} tokens): raise model.memory_capacity or lower task.max_context_tokens")
+    header = formation_header(tokenizer, cfg.formation, cfg.prompt)     # the memory's sink holds it (shared_prefix)
     try:
-        check_capacity(model_config, forgetting.capacity, len(format_prompt(tokenizer, "", cfg.prompt)),
-                       cfg.max_new_tokens, cfg.allow_beyond_window, spec.name)
+        check_capacity(model_config, forgetting.capacity, len(sink_ids(tokenizer, header)),
+                       len(read_prompt(tokenizer, "", cfg.prompt, header)), cfg.max_new_tokens,
+                       cfg.allow_beyond_window, spec.name)
     except WindowError as err:
         raise ConfigError(str(err)) from None
     return spec, method, task, forgetting, compressor, groups

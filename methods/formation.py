@@ -30,6 +30,7 @@ from methods.memory import Fragment, Layered, LatentMemory, pinned
 from methods.attention.decoder import DecoderError, cache_keyword, hooked, layers
 from methods.attention.positions import Rotary, watching_rotary
 from methods.errors import one_of
+from methods.prompting import prompt_header
 
 Formation = StrEnum("Formation", ["shared_sink", "reference", "own_bos", "shared_prefix"])   # see the module docstring
 # where a fragment's tensors live: on the model's device (no copy at formation, forgetting or placement), or in
@@ -43,6 +44,18 @@ def sink_token_id(tokenizer) -> int:
         if tid is not None:
             return int(tid)
     raise ValueError("the tokenizer has neither a bos nor an eos token to use as a sink")
+
+
+def formation_header(tokenizer, formation: str, style: str) -> list[int]:
+    """The prompt header a formation forms every fragment behind: the style's under ``shared_prefix``, else none."""
+    return prompt_header(tokenizer, style) if formation == "shared_prefix" else []
+
+
+def sink_ids(tokenizer, header: list[int]) -> list[int]:
+    """What every fragment is formed behind (not under ``reference``), the memory's sink: the sink token, then the
+    header (whose own first token serves as the sink where it is that token)."""
+    sink = sink_token_id(tokenizer)
+    return header if header[:1] == [sink] else [sink, *header]
 
 
 @contextmanager
@@ -108,10 +121,8 @@ class Former:
         return torch.tensor(ids, dtype=torch.long, device="cpu")
 
     def sink_ids(self) -> list[int]:
-        """What every fragment is formed behind (not under ``reference``): the sink token, then the header (whose
-        own first token serves as the sink where it is that token)."""
-        sink = sink_token_id(self.tokenizer)
-        return self.header if self.header[:1] == [sink] else [sink, *self.header]
+        """What every fragment is formed behind (see sink_ids)."""
+        return sink_ids(self.tokenizer, self.header)
 
     def store(self, memory: LatentMemory, text: str, reuse: bool = False) -> Fragment:
         """Form `text` and append it to `memory` (unbounded; see methods.forgetting for a capacity)."""

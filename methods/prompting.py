@@ -38,6 +38,15 @@ def format_prompt(tokenizer, question: str, style: str) -> torch.Tensor:
     return token_ids(tokenizer, before + question + after)
 
 
+def read_prompt(tokenizer, question: str, style: str, header: list[int]) -> torch.Tensor:
+    """The ids read after a memory whose sink holds `header` (formation=shared_prefix): what follows the style's
+    header where it is that header, else the whole prompt."""
+    before, after = prompt_template(tokenizer, style)
+    if header and token_ids(tokenizer, before).tolist() == header:
+        return token_ids(tokenizer, question + after)
+    return format_prompt(tokenizer, question, style)
+
+
 def prompt_header(tokenizer, style: str) -> list[int]:
     """The ids of the text a prompt puts before its question (APE's shared prefix: the chat header)."""
     return token_ids(tokenizer, prompt_template(tokenizer, style)[0]).tolist()

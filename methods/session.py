@@ -13,10 +13,10 @@ from methods.attention.decoder import num_layers
 from methods.base import Method, Question
 from methods.compression.compressor import Compression, NoCompression
 from methods.forgetting import Forgetting, NoForgetting
-from methods.formation import Former
+from methods.formation import Former, formation_header
 from methods.generation import clock, greedy, stop_ids
 from methods.memory import LatentMemory
-from methods.prompting import format_prompt, prompt_header, prompt_template, token_ids
+from methods.prompting import format_prompt, read_prompt
 from methods.backends.text_prefix import TextPrefix
 from methods.window import Window
 
@@ -60,7 +60,7 @@ class Session:
         else:
             self.forgetting = forgetting or NoForgetting()
             latent = method.needs_latent
-            header = prompt_header(tokenizer, prompt) if formation == "shared_prefix" else []
+            header = formation_header(tokenizer, formation, prompt)
             self.former = Former(model, tokenizer, formation, keep_kv=latent and backend.keep_kv,
                                  keep_states=latent and backend.keep_states, reuse=reuse,
                                  keep_self_info=self.forgetting.needs_self_info, memory_on=memory_on,
@@ -111,12 +111,8 @@ class Session:
     def prompt_ids(self, question: str, style: str | None = None) -> torch.Tensor:
         """The ids read after the memory: the whole prompt, or what follows its header where the memory's sink
         holds that header (formation=shared_prefix)."""
-        style = style or self.prompt
-        before, after = prompt_template(self.tokenizer, style)
-        header = getattr(self.former, "header", [])
-        if header and self.memory.sink is not None and token_ids(self.tokenizer, before).tolist() == header:
-            return token_ids(self.tokenizer, question + after)
-        return format_prompt(self.tokenizer, question, style)
+        header = getattr(self.former, "header", []) if self.memory.sink is not None else []
+        return read_prompt(self.tokenizer, question, style or self.prompt, header)
 
     @torch.no_grad()
     def ask(self, question: str, prompt: str | None = None, max_new_tokens: int | None = None,

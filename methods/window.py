@@ -154,22 +154,23 @@ def marked(label: str, summary: dict | None) -> str:
     return f"{label} {BEYOND_MARK}" if (summary or {}).get("records_beyond") else label
 
 
-def capacity_positions(capacity: int, prompt: int, budget: int) -> int:
-    """The positions a read of a full memory of `capacity` tokens takes behind its one-token sink, with the
-    shortest prompt of the run's style (the question empty) and the run's answer budget."""
-    return positions(1 + capacity, prompt, budget)
+def capacity_positions(capacity: int, sink: int, prompt: int, budget: int) -> int:
+    """The positions a read of a full memory of `capacity` tokens takes behind its sink of `sink` positions, with
+    the shortest prompt read after it (the question empty) and the answer budget."""
+    return positions(sink + capacity, prompt, budget)
 
 
-def check_capacity(config, capacity: int | None, prompt: int, budget: int, allow: bool, model: str) -> None:
+def check_capacity(config, capacity: int | None, sink: int, prompt: int, budget: int, allow: bool,
+                   model: str) -> None:
     """Before any weights load: refuse a memory capacity whose full read cannot fit the trained window beside
     the prompt and the answer, whatever the data (WindowError)."""
     window = trained_window(config)
     if capacity is None or window is None or allow:
         return
-    needed = capacity_positions(capacity, prompt, budget)
+    needed = capacity_positions(capacity, sink, prompt, budget)
     if needed > window:
         fits = capacity - (needed - window)
-        raise WindowError(f"model.memory_capacity={capacity}: a full memory's read (sink 1 + {capacity} + prompt "
+        raise WindowError(f"model.memory_capacity={capacity}: a full memory's read (sink {sink} + {capacity} + prompt "
                           f"{prompt} + answer budget {budget} - 1) takes {needed} positions, {needed - window} past "
                           f"model {model}'s trained window of {window}: set model.memory_capacity<={fits}, or "
                           f"allow_beyond_window=true to study reads beyond it deliberately")

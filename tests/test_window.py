@@ -6,12 +6,13 @@ import re
 
 import pytest
 from omegaconf import OmegaConf
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig, MistralConfig, Phi3Config,
+                          Qwen2Config)
 
 from harness.errors import ConfigError
 from harness.report import write
 from harness.results import read_config
-from harness.runner import run
+from harness.runner import preflight, run
 from harness.window_records import summarize, with_beyond_window
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
@@ -155,6 +156,29 @@ def test_a_capacity_that_cannot_fit_is_refused_before_weights_load(short_window,
                                           r"prompt \d+ \+ answer budget 4 - 1\) takes \d+ positions"):
         run(tiny_run_config(short_window, *SHORT, "forgetting=random", "model.memory_capacity=390"),
             str(tmp_path / "run"))
+
+
+FULL_READS = [(formation, "chat") for formation in Formation] + [("shared_prefix", "plain")]
+
+
+@pytest.mark.parametrize("formation, prompt", FULL_READS, ids=["-".join(r) for r in FULL_READS])
+def test_the_capacity_check_counts_a_full_memory_s_read_as_the_read_takes_it(formation, prompt, tiny_checkpoint):
+    """The preflight's count of a full memory's read (sink, capacity, the empty question's prompt, the budget) is
+    the positions the decoder is given: under shared_prefix the chat header, led by the sink token, is the sink."""
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_checkpoint), AutoTokenizer.from_pretrained(
+        tiny_checkpoint)
+    window = Window(0, allow=True)                  # every read counted whole, as positions past no window
+    session = Session(model, tokenizer, KVPrefixBackend(model), Vanilla(), formation, prompt, 4, window=window)
+    for text in FRAGMENTS:
+        session.store(text)
+    with window.watching(model):
+        session.ask("")
+    limit = trained_window(model.config)
+    fits = session.memory.n_tokens + limit - window.take()     # the capacity whose full read takes every position
+    overrides = (f"formation={formation}", f"prompt={prompt}", "forgetting=random")
+    preflight(tiny_run_config(tiny_checkpoint, *overrides, f"model.memory_capacity={fits}"))
+    with pytest.raises(ConfigError, match=f"takes {limit + 1} positions, 1 past model tiny_llama's trained window"):
+        preflight(tiny_run_config(tiny_checkpoint, *overrides, f"model.memory_capacity={fits + 1}"))
 
 
 def test_with_the_opt_in_every_record_says_how_far_past_and_run_json_counts_them(short_window, tmp_path):
