@@ -279,8 +279,8 @@ class LoCoMo:
         self.skipped: list[dict] = []
 
     @property
-    def answer_tokens(self) -> int:
-        """The answer budget every question is asked with (the protocol's)."""
+    def max_new_tokens(self) -> int:
+        """The answer budget every question is asked with (the protocol's; harness.plugins.answer_budget)."""
         return self.protocol.answer_tokens
 
     def samples(self) -> list[dict]:
@@ -333,7 +333,7 @@ class LoCoMo:
 
     def describe(self) -> dict:
         """For run.json: the protocol, the conversations left out for their length, and the question sample."""
-        return {"protocol": str(self.protocol_name), "answer_tokens": self.answer_tokens,
+        return {"protocol": str(self.protocol_name), "answer_tokens": self.max_new_tokens,
                 "max_tokens": self.max_tokens, "skipped": self.skipped, "categories": self.categories,
                 "questions_per_category": self.per_category, "first_line": self.first_line}
 
@@ -348,7 +348,7 @@ class LoCoMo:
             asked, options = self.protocol.ask(question, f"{self.seed}:{conversation.sample_id}")
             by_layer = self.evidence_ranks(session, session.prompt_ids(asked, style), held) \
                 if self.trace_layers and held else {}
-            answer = session.ask(asked, prompt=style, max_new_tokens=self.answer_tokens, targets=tuple(held))
+            answer = session.ask(asked, prompt=style, max_new_tokens=self.max_new_tokens, targets=tuple(held))
             prediction = self.protocol.reply(first_line(answer.text) if self.first_line else answer.text, options)
             yield {
                 "group": conversation.index, "question_index": n, "sample_id": conversation.sample_id,

@@ -86,6 +86,12 @@ def check_contract(plugin, what: str) -> None:
             continue
 
 
+def answer_budget(task, run_budget: int) -> int:
+    """The answer budget a task asks its questions with: its own `max_new_tokens` where it declares one (LoCoMo's
+    protocol's, LongBench's setting), else the run's `run_budget`."""
+    return getattr(task, "max_new_tokens", None) or run_budget
+
+
 def check_groups(groups: list, what: str = "task") -> None:
     """Refuse a task whose groups lack what the runner reads of them: an integer `index` and `texts()`, the
     texts the group stores, taken with no arguments."""

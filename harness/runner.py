@@ -20,7 +20,7 @@ from harness import selfcheck, shards
 from harness.errors import ConfigError
 from harness.formed import FormedFragments
 from harness.models import ModelSpec, check_source, load, one_line_cause
-from harness.plugins import build, check_groups, check_record, refused
+from harness.plugins import answer_budget, build, check_groups, check_record, refused
 from harness.results import ResultFolder, flattened, metrics_table, peak_memory_mb, reset_peak_memory
 from methods.attention.decoder import num_layers
 from methods.forgetting import CapacityError
@@ -124,7 +124,7 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
     header = formation_header(tokenizer, cfg.formation, cfg.prompt)     # the memory's sink holds it (shared_prefix)
     try:
         check_capacity(model_config, forgetting.capacity, len(sink_ids(tokenizer, header)),
-                       len(read_prompt(tokenizer, "", cfg.prompt, header)), cfg.max_new_tokens,
+                       len(read_prompt(tokenizer, "", cfg.prompt, header)), answer_budget(task, cfg.max_new_tokens),
                        cfg.allow_beyond_window, spec.name)
     except WindowError as err:
         raise ConfigError(str(err)) from None

@@ -4,10 +4,10 @@ say. A record hook of `memdefrag migrate` (harness/migrate.py).
 
 What an older record says of its read: `used_tokens` (the sink and the memory the answer read, or the text
 before its prompt; a trace-only record: its `memory_tokens` behind the one-token sink), its question (whose
-prompt, in the run's prompt style, is tokenized again) and the run's answer budget (the task's own
-`max_new_tokens` where it sets one, else the run's; none for a record without an answer). A task that words its
-own prompt around the question (LongBench's template) reads a little more than this counts. A method that reads
-its fragments in parallel (APE: `parallel`) takes the longest fragment's positions, not its memory's: at most
+prompt, in the run's prompt style, is tokenized again) and the answer budget its task asked with (the run's
+preflight's rule, harness.plugins.answer_budget; none for a record without an answer). A task that words its own
+prompt around the question (LongBench's template) reads a little more than this counts. A method that reads its
+fragments in parallel (APE: `parallel`) takes the longest fragment's positions, not its memory's: at most
 the task's `max_context_tokens` where it cuts contexts to a length, else (not known) the memory's. A method that
 `traces` (attention density over the whole memory) also read its sink, its whole memory and its prompt.
 """
@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from harness.errors import ConfigError
 from harness.models import ModelSpec, check_source
-from harness.plugins import build
+from harness.plugins import answer_budget, build
 from harness.results import atomic_write
 from methods.prompting import format_prompt
 from methods.window import positions, trained_window, window_summary
@@ -47,19 +47,20 @@ def source_window(spec: str):
 
 
 @functools.cache
-def method_of(node: str):
-    """The method plugin a run's config names (as JSON: built once per method)."""
-    return build(OmegaConf.create(json.loads(node)), "method")
+def plugin_of(node: str, what: str):
+    """The `what` plugin (method, task) a run's config names (as JSON: built once per node)."""
+    return build(OmegaConf.create(json.loads(node)), what)
 
 
 def read_positions(config: dict, record: dict, tokenizer) -> int:
     """The positions an older record's reads took, from the record and its run's config (see the docstring)."""
-    task, method = config["task"], method_of(json.dumps(config["method"], sort_keys=True))
+    task, method = config["task"], plugin_of(json.dumps(config["method"], sort_keys=True), "method")
     read = record["used_tokens"] if "used_tokens" in record else 1 + record["memory_tokens"]
     if method.parallel and task.get("max_context_tokens"):
         read = min(read, 1 + task["max_context_tokens"])
     prompt = len(format_prompt(tokenizer, record["question"], config["prompt"])) if "question" in record else 0
-    budget = (task.get("max_new_tokens") or config["max_new_tokens"]) if "output" in record else 0
+    budget = (answer_budget(plugin_of(json.dumps(task, sort_keys=True), "task"), config["max_new_tokens"])
+              if "output" in record else 0)
     traced = positions(1 + record["memory_tokens"], prompt, 0) if method.traces else 0
     return max(positions(read, prompt, budget), traced)
 

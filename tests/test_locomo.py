@@ -90,7 +90,7 @@ def test_the_authors_filter_skips_a_conversation_of_exactly_18000_tokens():
             return {"input_ids": [5] * (len(text.split()) + pad)}
 
     task = LoCoMo("synthetic", protocol="authors")
-    assert task.max_tokens == 18_000 and task.categories == [4] and task.answer_tokens == 32
+    assert task.max_tokens == 18_000 and task.categories == [4] and task.max_new_tokens == 32
     one = [sample]
     task.samples = lambda: one
     assert [g.tokens for g in task.groups(Padded(17_999))] == [17_999]

@@ -181,6 +181,29 @@ def test_the_capacity_check_counts_a_full_memory_s_read_as_the_read_takes_it(for
         preflight(tiny_run_config(tiny_checkpoint, *overrides, f"model.memory_capacity={fits + 1}"))
 
 
+LOCOMO = ("task=locomo", "task.groups=1", "forgetting=random")
+BUDGETS = {"locomo": 50, "authors": 32}                 # each protocol's answer budget (the run's: 4)
+
+
+@pytest.mark.parametrize("protocol", BUDGETS)
+def test_the_capacity_check_counts_the_answer_budget_the_task_asks_with(protocol, tiny_checkpoint):
+    """LoCoMo asks every question with its protocol's budget, not the run's: the preflight counts that one."""
+    with pytest.raises(ConfigError, match=rf"\+ answer budget {BUDGETS[protocol]} - 1\) takes"):
+        preflight(tiny_run_config(tiny_checkpoint, *LOCOMO, f"task.protocol={protocol}",
+                                  "model.memory_capacity=8192", small_task=False))
+
+
+def test_an_older_record_counts_the_answer_budget_its_task_asked_with(short_window):
+    """harness.window_records reads a task's budget by the preflight's rule: an older LoCoMo record's answer took
+    its protocol's budget."""
+    record = {"used_tokens": 400, "memory_tokens": 399, "question": "?", "output": ""}    # a full window, then more
+    past = {}
+    for protocol in BUDGETS:
+        config = tiny_run_config(short_window, *LOCOMO, f"task.protocol={protocol}", small_task=False)
+        past[protocol] = with_beyond_window(OmegaConf.to_container(config, resolve=True), [record])[0]["beyond_window"]
+    assert past["locomo"] - past["authors"] == BUDGETS["locomo"] - BUDGETS["authors"]
+
+
 def test_with_the_opt_in_every_record_says_how_far_past_and_run_json_counts_them(short_window, tmp_path):
     run(tiny_run_config(short_window, *SHORT, "allow_beyond_window=true"), str(tmp_path / "run"))
     records = [json.loads(line) for line in (tmp_path / "run" / "predictions.jsonl").read_text().splitlines()]
