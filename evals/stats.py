@@ -11,6 +11,7 @@ gets a bootstrap over groups: a group's questions share its memory, so they are 
 from __future__ import annotations
 
 import math
+from itertools import count
 
 import numpy as np
 from scipy.stats import binomtest, norm
@@ -58,12 +59,20 @@ def paired_difference(first: np.ndarray, second: np.ndarray, groups: np.ndarray,
     return bootstrap_mean(np.asarray(second, dtype=float) - np.asarray(first, dtype=float), groups, **bootstrap)
 
 
+def fewest_groups(confidence: float = CONFIDENCE) -> int:
+    """The fewest groups over which a bootstrap interval excluding 0 may be read as a difference at `confidence`:
+    the smallest k with 2 * 2 ** -k < 1 - confidence (6 at 95 %). When every group's difference has the same
+    sign, every resample's mean has it too, so the percentile interval excludes 0 however small the differences;
+    under a symmetric null (each group as likely to move either way) that happens with probability 2 * 2 ** -k
+    (12.5 % at 4 groups), a false difference at least that often, which only k groups or more keep below the
+    level the interval claims. A floor, not a guarantee: above it the interval's coverage still rests on the
+    groups' spread."""
+    return next(k for k in count(1) if 2 * 2.0 ** -k < 1 - confidence)
+
+
 def resolves(groups: int, confidence: float = CONFIDENCE) -> bool:
-    """Whether a percentile bootstrap over `groups` groups can say more than their range: a resample repeating one
-    group (probability groups ** -groups) is likelier than the interval's tail below 4 groups at 95 %, so there
-    its ends are the extreme groups' own means, and an interval without 0 says only that every group moved the
-    same way (two groups: even odds without any difference)."""
-    return groups ** -groups < (1 - confidence) / 2
+    """Whether a bootstrap interval over `groups` groups may state a difference at `confidence` (fewest_groups)."""
+    return groups >= fewest_groups(confidence)
 
 
 def with_interval(rate: float, low: float, high: float) -> str:

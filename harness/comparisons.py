@@ -15,7 +15,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from evals.stats import wilson, with_interval
-from harness.claims import STEPS, supported
+from harness.claims import STEPS, keyed, supported
 from harness.figures import accuracy_against_time
 from harness.results import read_jsonl
 from harness.sections import Run, Section, bench_table, labelled, named
@@ -38,6 +38,11 @@ class Row:
     dataset: str
     name: str
     runs: list[Run]
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """The row as a claim names it (harness.claims.keyed)."""
+        return self.model, self.dataset, self.name
 
     @cached_property
     def records(self) -> pd.DataFrame:
@@ -139,7 +144,7 @@ def rankers_section(root, runs, figures) -> Section:
     rows = rows_of(chosen, [named(r, variant(r.config["method"])) for r in chosen])
     table = pd.DataFrame([ranker_row(row) for row in rows])
     table[f"vs {RANKER_REFERENCE}"] = versus(rows, RANKER_REFERENCE)
-    claims = supported(root / "claims.yaml", "rankers", keyed("rankers", rows))
+    claims = supported(root / "claims.yaml", "rankers", keyed("rankers", ((r.key, r.records) for r in rows)))
     table = table.sort_values(["model", "dataset", "variant"], kind="stable")
     section.table = shown(table.set_index(["model", "dataset", "variant"]).dropna(axis=1, how="all")).round(2)
     last = f"acc@{max(int(c[4:]) for c in table.columns if c.startswith('acc@'))}"
@@ -186,7 +191,7 @@ def peers_section(root, runs, figures) -> Section:
     rows = rows_of(chosen, labelled(chosen, "tab:peers", leave=("seed",)))
     table = pd.DataFrame([peer_row(row) for row in rows])
     table[f"vs {PEER_REFERENCE}"] = versus(rows, PEER_REFERENCE)
-    claims = supported(root / "claims.yaml", "peers", keyed("peers", rows))
+    claims = supported(root / "claims.yaml", "peers", keyed("peers", ((r.key, r.records) for r in rows)))
     table = table.sort_values(["model", "dataset", "method"], kind="stable",     # by the sweep's option a label
                               key=lambda c: c.str.split().str[0].map(order).fillna(len(order))   # begins with
                               if c.name == "method" else c)
@@ -203,7 +208,3 @@ def peers_section(root, runs, figures) -> Section:
                      + section.after)
     return section
 
-
-def keyed(label: str, rows: list[Row]) -> dict[tuple, pd.DataFrame]:
-    """The rows' records as a claim on table `label` names them (harness.claims.Claim.key)."""
-    return {(label, row.model, row.dataset, row.name): row.records for row in rows}

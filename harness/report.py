@@ -17,7 +17,7 @@ from evals.locomo import layers_table, locomo_table, scores_by_category
 from evals.longbench import longbench_table
 from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
-from harness.claims import supported
+from harness.claims import FEWEST, keyed, paired_groups, supported
 from harness.comparisons import peers_section, rankers_section
 from evals.stats import wilson, with_interval
 from harness.errors import OneLineParser
@@ -266,6 +266,20 @@ def protocol_of(run: Run) -> str:
     return f"protocol={run.config['task']['protocol']}"
 
 
+def unclaimed(rows: dict[tuple, pd.DataFrame]) -> str:
+    """Where claims.yaml compares no tab:locomo rows, one sentence saying why: the most conversations two rows of
+    one model and protocol pair (harness.claims.paired_groups), against the fewest a difference over them needs."""
+    pairing: dict[int, list[str]] = {}
+    for (model, protocol), n in sorted(paired_groups(rows, "locomo").items()):
+        pairing.setdefault(n, []).append(f"{model} {protocol}")
+    most = [f"{n}{' conversations' if i == 0 else ''} ({', '.join(where)}"
+            f"{': enough, but `claims.yaml` compares none of them' if n >= FEWEST else ''})"
+            for i, (n, where) in enumerate(sorted(pairing.items()))]
+    return (f"\n\nNo comparison of its rows is claimed (`claims.yaml`): a difference over conversations needs at "
+            f"least {FEWEST}, and two rows of one model and protocol pair at most "
+            + (f"{', '.join(most[:-1])} or {most[-1]}" if len(most) > 1 else most[0]) + ".")
+
+
 def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
     """`tab:locomo`, per model, category and method: LoCoMo's F1 and the substring accuracy with their
     intervals, the evidence hit, its rank, seconds per question, and its figure (F1 against seconds per
@@ -283,8 +297,8 @@ def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
                 "protocol": protocol_of(run),
                 "ranked_by": run.config["method"].get("ranker", "density")}    # BM25, dense: their own score
                for run, label, found in zip(chosen, labels, answered) for record in found]
-    rows = pd.DataFrame(records).groupby(["model", "protocol", "method"])    # a claim names `run` by its parts
-    claims = supported(root / "claims.yaml", "locomo", {("locomo", *key): part for key, part in rows})
+    rows = keyed("locomo", pd.DataFrame(records).groupby(["model", "protocol", "method"]))   # `run` by its parts
+    claims = supported(root / "claims.yaml", "locomo", rows) or unclaimed(rows)
     figure = figures / "locomo.png"
     points = scores_by_category(records, ("model", "method"))
     accuracy_against_time(points[points.category == points.category.max()], "f1", figure, name="method",

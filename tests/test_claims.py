@@ -1,12 +1,14 @@
 """The results' text says no more than its tables: every comparison a claim, rendered from the runs, and a claim
 the runs do not bear out refused."""
 
+import inspect
 import re
 from pathlib import Path
 
 import pytest
 
-from harness.claims import VERDICTS, read_claims
+from harness import comparisons, report
+from harness.claims import VERDICTS, keyed, read_claims
 from harness.errors import ConfigError
 from harness.report import write
 from tests.test_report import fake_run
@@ -93,38 +95,48 @@ def test_the_committed_text_holds_every_claim_as_the_runs_render_it():
 
 LOCOMO = ("- {table: locomo, model: smollm2, dataset: protocol=locomo, row: memdefrag_top1, against: vanilla,\n"
           "   category: 4, says: higher, subject: Top-1 against vanilla}\n")
+GINA = "What did Gina receive from a dance contest?"       # asked twice in conv-30 of LoCoMo's released file
 
 
-def locomo_runs(root: Path, f1s: dict[str, dict[str, list[float]]]) -> None:
-    """A LoCoMo run per method under protocol=locomo: per conversation, the F1 of its single-hop questions `q0`,
-    `q1`... (the same words in every conversation), and one temporal question whose F1 goes the other way; each
-    run's records in its own order."""
+def locomo_runs(root: Path, f1s: dict[str, dict[str, list[float]]], questions: list[str] | None = None,
+                name: str | None = None) -> None:
+    """A LoCoMo run per method under protocol=locomo: per conversation, the F1 of its single-hop questions (the
+    words `questions`, else `q0`, `q1`..., the same in every conversation), and one temporal question whose F1
+    goes the other way; each run's records in its own order. `name`: the runs' folder (another run of each)."""
     for method, conversations in f1s.items():
-        records = [{"group": i, "sample_id": sample, "question": f"q{j}", "category": 4, "f1": f1,
-                    "correct": f1 == 1.0, "target_rank": None, "seconds": {"prefill": 0.1, "decode": 1.0}}
+        records = [{"group": i, "sample_id": sample, "question_index": j, "category": 4, "f1": f1,
+                    "question": questions[j] if questions else f"q{j}", "correct": f1 == 1.0, "target_rank": None,
+                    "seconds": {"prefill": 0.1, "decode": 1.0}}
                    for i, (sample, scores) in enumerate(conversations.items()) for j, f1 in enumerate(scores)]
-        records += [{**records[0], "question": "when?", "category": 2, "f1": float(method == "vanilla")}]
-        fake_run(root / method, "LoCoMo", method, records if method == "vanilla" else records[::-1],
+        records += [{**records[0], "question_index": 99, "question": "when?", "category": 2,
+                     "f1": float(method == "vanilla")}]
+        fake_run(root / (name or "") / method, "LoCoMo", method, records if method == "vanilla" else records[::-1],
                  dataset="locomo", task_options={"protocol": "locomo"})
 
 
-def apart(root: Path) -> None:
-    """Top-1 above vanilla by 12.5 to 37.5 points in each of four conversations of five single-hop questions."""
-    gains = (0.125, 0.25, 0.375, 0.25)
-    locomo_runs(root, {"memdefrag_top1": {f"conv-{c}": [0.25 + gain] * 5 for c, gain in enumerate(gains)},
-                       "vanilla": {f"conv-{c}": [0.25] * 5 for c in range(4)}})
+GAINS = (0.125, 0.25, 0.375, 0.25, 0.125, 0.375)
+
+
+def apart(root: Path, conversations: int = 6) -> None:
+    """Top-1 above vanilla by 12.5 to 37.5 points in each conversation (six: the fewest a difference over them
+    needs at 95 %) of five single-hop questions."""
+    locomo_runs(root, {"memdefrag_top1": {f"conv-{c}": [0.25 + GAINS[c]] * 5 for c in range(conversations)},
+                       "vanilla": {f"conv-{c}": [0.25] * 5 for c in range(conversations)}})
+
+
+def locomo_claims(root: Path) -> str:
+    """tab:locomo's text below its table, as the report writes it."""
+    return write(root).read_text().split("(`tab:locomo`)")[1].split("\n## ")[0]
 
 
 def test_a_locomo_claim_is_rendered_with_both_f1s_the_difference_and_its_interval(tmp_path):
     apart(tmp_path)
     (tmp_path / "claims.yaml").write_text(LOCOMO)
-    readme = write(tmp_path).read_text()
-    claims = readme.split("(`tab:locomo`)")[1].split("\n## ")[0]
     assert ("What the table supports (`claims.yaml`; a difference only where the 95 % interval of the mean F1 "
-            "difference on the same questions, resampling 4 conversations or more, excludes 0):\n\n"
+            "difference on the same questions, resampling 6 conversations or more, excludes 0):\n\n"
             "- Top-1 against vanilla (smollm2, protocol=locomo, category 4): F1 50.0 against 25.0, +25.0 points (95 % "
-            "paired bootstrap interval over conversations [+15.6, +34.4], 20 questions of 4 conversations): higher."
-            ) in claims
+            "paired bootstrap interval over conversations [+16.7, +33.3], 30 questions of 6 conversations): higher."
+            ) in locomo_claims(tmp_path) and "No comparison" not in locomo_claims(tmp_path)
 
 
 def test_a_locomo_claim_the_runs_contradict_is_refused_in_one_line(tmp_path):
@@ -135,45 +147,104 @@ def test_a_locomo_claim_the_runs_contradict_is_refused_in_one_line(tmp_path):
     assert str(caught.value) == (
         "claim 'Top-1 against vanilla' says 'no measurable difference' but the runs say 'higher': Top-1 against "
         "vanilla (smollm2, protocol=locomo, category 4): F1 50.0 against 25.0, +25.0 points (95 % paired bootstrap "
-        "interval over conversations [+15.6, +34.4], 20 questions of 4 conversations).")
+        "interval over conversations [+16.7, +33.3], 30 questions of 6 conversations).")
     assert not (tmp_path / "README.md").exists()
 
 
-@pytest.mark.parametrize("conversations, numbers", [
-    (4, "F1 62.5 against 37.5, +25.0 points (95 % paired bootstrap interval over conversations [+0.0, +75.0], 40 "
-        "questions of 4 conversations)"),
-    (2, "F1 75.0 against 25.0, +50.0 points (95 % paired bootstrap interval over conversations [+0.0, +100.0], 20 "
-        "questions of 2 conversations; under 4 the interval is only the range of their own means)")])
-def test_locomo_rows_pair_on_each_conversations_questions_and_resample_conversations(tmp_path, conversations,
-                                                                                     numbers):
+def test_locomo_rows_pair_on_each_conversations_questions_and_resample_conversations(tmp_path):
     """One conversation all right against all wrong, the others alike: its questions' +100 share its memory, so
     the interval reaches 0 (resampling the questions one by one would exclude it); the same words asked in
     another conversation are another question."""
-    locomo_runs(tmp_path, {"memdefrag_top1": {f"conv-{c}": [1.0 if c == 0 else 0.5] * 10 for c in range(conversations)},
-                           "vanilla": {f"conv-{c}": [0.0 if c == 0 else 0.5] * 10 for c in range(conversations)}})
+    locomo_runs(tmp_path, {"memdefrag_top1": {f"conv-{c}": [1.0 if c == 0 else 0.5] * 10 for c in range(6)},
+                           "vanilla": {f"conv-{c}": [0.0 if c == 0 else 0.5] * 10 for c in range(6)}})
     (tmp_path / "claims.yaml").write_text(LOCOMO)
-    with pytest.raises(ConfigError, match=r"runs say 'no measurable difference'.*" + re.escape(numbers) + r"\.$"):
+    with pytest.raises(ConfigError, match=r"runs say 'no measurable difference'.*" + re.escape(
+            "F1 58.3 against 41.7, +16.7 points (95 % paired bootstrap interval over conversations [+0.0, +50.0], "
+            "60 questions of 6 conversations)") + r"\.$"):
         write(tmp_path)
 
 
-def test_a_difference_over_fewer_than_four_conversations_is_not_stated(tmp_path):
-    """Two conversations that both moved by 25 points: the interval, their own range, excludes 0 (a coin toss's
-    odds without any difference), so the text may not say higher."""
-    locomo_runs(tmp_path, {"memdefrag_top1": {"conv-0": [0.5] * 5, "conv-1": [0.75] * 5},
-                           "vanilla": {"conv-0": [0.25] * 5, "conv-1": [0.5] * 5}})
-    (tmp_path / "claims.yaml").write_text(LOCOMO)
-    with pytest.raises(ConfigError, match=re.escape(
-            "runs say 'no measurable difference': Top-1 against vanilla (smollm2, protocol=locomo, category 4): F1 "
-            "62.5 against 37.5, +25.0 points (95 % paired bootstrap interval over conversations [+25.0, +25.0], 10 "
-            "questions of 2 conversations; under 4")):
+@pytest.mark.parametrize("conversations", [2, 4, 5])
+@pytest.mark.parametrize("says", VERDICTS)
+def test_a_locomo_claim_over_fewer_conversations_than_a_difference_needs_is_refused(tmp_path, conversations, says):
+    """Every conversation moved the same way: every resample does, so the interval excludes 0, which happens to
+    2 * 2 ** -k of k conversations' sign patterns without any difference (12.5 % at 4). Under 6 no verdict is
+    tested, so none may stand, not even 'no measurable difference', which could never fail there."""
+    apart(tmp_path, conversations)
+    (tmp_path / "claims.yaml").write_text(LOCOMO.replace("says: higher", f"says: {says}"))
+    with pytest.raises(ConfigError) as caught:
         write(tmp_path)
+    assert str(caught.value) == (
+        f"claim 'Top-1 against vanilla': rows 'memdefrag_top1' and 'vanilla' pair {conversations} conversations at "
+        f"category 4, and a difference over conversations needs at least 6 (evals.stats.fewest_groups): no verdict "
+        f"of it is tested")
+
+
+def test_a_question_asked_twice_in_a_conversation_pairs_by_its_place(tmp_path):
+    """LoCoMo's file asks some questions twice in one conversation: each is paired with itself (question_index),
+    not with the other (which would count four pairs of two questions, and pair a right answer with a wrong)."""
+    locomo_runs(tmp_path, {"memdefrag_top1": {f"conv-{c}": [1.0, 0.0, 0.5] for c in range(6)},
+                           "vanilla": {f"conv-{c}": [1.0, 0.0, 0.25] for c in range(6)}},
+                questions=[GINA, GINA, "q2"])
+    (tmp_path / "claims.yaml").write_text(LOCOMO)
+    assert ("F1 50.0 against 41.7, +8.3 points (95 % paired bootstrap interval over conversations [+8.3, +8.3], 18 "
+            "questions of 6 conversations): higher.") in locomo_claims(tmp_path)
+
+
+def test_a_row_asking_one_question_twice_is_refused_naming_it(tmp_path):
+    """A row pooling two runs of the same conversations holds each question twice: no one-to-one pairing."""
+    apart(tmp_path)
+    locomo_runs(tmp_path, {"memdefrag_top1": {"conv-0": [0.5]}}, name="again")
+    (tmp_path / "claims.yaml").write_text(LOCOMO)
+    with pytest.raises(ConfigError) as caught:
+        write(tmp_path)
+    assert str(caught.value) == (
+        "claim 'Top-1 against vanilla': row 'memdefrag_top1' asks sample_id='conv-0', question_index=0, "
+        "question='q0' twice at category 4, so its questions do not pair one to one")
+
+
+def test_rows_whose_runs_sampled_other_questions_are_refused(tmp_path):
+    """The same place in a conversation's sample names another question where the runs sampled otherwise."""
+    locomo_runs(tmp_path, {"memdefrag_top1": {f"conv-{c}": [0.5] * 5 for c in range(6)}},
+                questions=["q0", "q1", "q2", "q3", GINA])
+    locomo_runs(tmp_path, {"vanilla": {f"conv-{c}": [0.25] * 5 for c in range(6)}})
+    (tmp_path / "claims.yaml").write_text(LOCOMO)
+    with pytest.raises(ConfigError) as caught:
+        write(tmp_path)
+    assert re.fullmatch(re.escape("claim 'Top-1 against vanilla': rows 'memdefrag_top1' and 'vanilla' differ at "
+                                  "sample_id='conv-") + r"\d" + re.escape(
+        f"', question_index=4 (question {GINA!r} against 'q4'): their runs sampled other questions (task.seed, "
+        f"task.categories or task.questions), so their question_index names no common question"), str(caught.value))
+
+
+@pytest.mark.parametrize("conversations, sentence", [
+    (2, "a difference over conversations needs at least 6, and two rows of one model and protocol pair at most 2 "
+        "conversations (smollm2 protocol=authors, smollm2 protocol=locomo)."),
+    (6, "a difference over conversations needs at least 6, and two rows of one model and protocol pair at most 2 "
+        "conversations (smollm2 protocol=authors) or 6 (smollm2 protocol=locomo: enough, but `claims.yaml` compares "
+        "none of them).")])
+def test_without_a_locomo_claim_the_section_says_why_none_is_made(tmp_path, conversations, sentence):
+    """How many conversations the rows of one protocol pair (two rows asking the same ones), against the fewest a
+    difference over conversations needs; a third protocol's rows pairing 2 of them."""
+    apart(tmp_path, conversations)
+    locomo_runs(tmp_path / "authors", {m: {f"conv-{c}": [0.5] for c in range(2)} for m in ("top1", "vanilla")})
+    for config in (tmp_path / "authors").glob("*/config.yaml"):
+        config.write_text(config.read_text().replace("protocol: locomo", "protocol: authors"))
+    assert f"No comparison of its rows is claimed (`claims.yaml`): {sentence}" in locomo_claims(tmp_path)
 
 
 @pytest.mark.parametrize("entry, message", [
     (LOCOMO.replace("category: 4", "step: 4"), "entry 0: fields ['against', 'dataset', 'model', 'row', 'says', "
                                               "'step', 'subject', 'table'], expected ['against', 'category',"),
-    (LOCOMO.replace("category: 4", "category: four"), "entry 0: category='four' is not a whole number"),
+    (LOCOMO.replace("category: 4", "category: four"), "entry 0: category='four' is not one of 1-5 (1 multi-hop, "
+                                                      "2 temporal, 3 open-domain, 4 single-hop, 5 adversarial)"),
+    (LOCOMO.replace("category: 4", "category: 6"), "entry 0: category=6 is not one of 1-5 (1 multi-hop,"),
     (LOCOMO.replace("table: locomo", "table: lokomo"), "entry 0: table 'lokomo', expected a table of ['locomo', "),
+    (LOCOMO.replace("table: locomo", "table: [locomo]"), "entry 0: table ['locomo'], expected a table of ['locomo', "),
+    (LOCOMO.replace("table: locomo", "table: {locomo: 1}"), "entry 0: table {'locomo': 1}, expected a table of "),
+    ("- locomo\n", "entry 0: 'locomo' is a str, not a claim (a mapping with the fields table, model, dataset, row, "
+                   "against, says, subject and its table's category or step)"),
+    ("table: locomo\n", "claims.yaml: a dict, expected a list of claims"),
     (LOCOMO.replace("protocol=locomo", "protocol=authors"),     # a claim compares runs of the protocol it names
      "no run makes row 'memdefrag_top1' of tab:locomo for smollm2 on protocol=authors"),
     (LOCOMO.replace("category: 4", "category: 3"), "share no question at category 3"),
@@ -184,3 +255,13 @@ def test_a_malformed_locomo_claim_is_one_line_naming_it(tmp_path, entry, message
     with pytest.raises(ConfigError, match=re.escape(message)) as caught:
         write(tmp_path)
     assert "\n" not in str(caught.value)
+
+
+def test_a_claim_names_its_rows_records_as_the_tables_key_them(tmp_path):
+    """One helper (keyed) keys every table's rows as Claim.key looks them up: tab:locomo's groups of the report,
+    tab:rankers' and tab:peers' rows alike."""
+    (tmp_path / "claims.yaml").write_text(LOCOMO)
+    claim = read_claims(tmp_path / "claims.yaml")[0]
+    rows = keyed("locomo", [(("smollm2", "protocol=locomo", "memdefrag_top1"), "records")])
+    assert rows == {claim.key("memdefrag_top1"): "records"}
+    assert comparisons.keyed is keyed and 'keyed("locomo"' in inspect.getsource(report.locomo_sections)

@@ -1,11 +1,13 @@
 """The intervals and paired tests of the tables, against their definitions and published values."""
 
+import itertools
 import math
 
 import numpy as np
 import pytest
 
-from evals.stats import bootstrap_mean, mcnemar, paired_difference, resolves, wilson, with_interval
+from evals.stats import (CONFIDENCE, bootstrap_mean, fewest_groups, mcnemar, paired_difference, resolves, wilson,
+                          with_interval)
 
 
 @pytest.mark.parametrize("k, n, low, high", [(5, 10, 0.2366, 0.7634), (0, 10, 0.0, 0.2775),  # Newcombe (1998)
@@ -42,12 +44,27 @@ def test_the_paired_bootstrap_resamples_groups_and_brackets_the_mean():
     assert (low, high) == paired_difference(first, second, groups)[1:]           # seeded: the same every time
 
 
-@pytest.mark.parametrize("groups", [2, 3, 4, 5])
-def test_below_four_groups_the_bootstrap_interval_is_only_their_range(groups):
-    """One question per group, group g scoring g: under 4 groups the interval's ends are the extreme groups'
-    scores, so it says nothing the groups' own range does not (`resolves`); from 4 on it lies inside."""
-    mean, low, high = bootstrap_mean(np.arange(groups, dtype=float), np.arange(groups))
-    assert ((low, high) == (0, groups - 1)) != resolves(groups) and resolves(groups) == (groups >= 4)
+@pytest.mark.parametrize("confidence, fewest", [(CONFIDENCE, 6), (0.90, 5), (0.99, 8)])
+def test_the_fewest_groups_come_from_the_confidence_level(confidence, fewest):
+    """The smallest k with 2 * 2 ** -k < 1 - confidence: 6 at 95 % (5 is 6.25 %), where 4 was allowed before."""
+    assert fewest_groups(confidence) == fewest
+    assert [resolves(k, confidence) for k in (fewest - 2, fewest - 1, fewest, fewest + 1)] == [False, False, True,
+                                                                                            True]
+
+
+@pytest.mark.parametrize("groups", [2, 3, 4, 5, 6, 7])
+def test_under_a_symmetric_null_the_interval_excludes_0_whenever_every_group_moves_one_way(groups):
+    """Each group's difference +1 or -1 at even odds, one question per group: every one of the 2 ** k sign
+    patterns as likely. Where all groups share a sign every resample does, so the interval excludes 0: a false
+    difference at least 2 * 2 ** -k of the time (exactly that up to 6 groups here), which `resolves` allows only
+    below 1 - CONFIDENCE (a floor: 7 groups exclude 0 on more patterns than the two)."""
+    false = []
+    for signs in itertools.product((-1.0, 1.0), repeat=groups):
+        mean, low, high = bootstrap_mean(np.array(signs), np.arange(groups))
+        false.append(not low <= 0 <= high)
+    rate, same_sign = sum(false) / 2 ** groups, 2 * 2.0 ** -groups
+    assert false[0] and false[-1] and (rate == same_sign if groups <= 6 else rate > same_sign)
+    assert resolves(groups) == (same_sign < 1 - CONFIDENCE) == (groups >= 6)
 
 
 def test_a_rate_is_shown_with_its_interval_in_percent():
