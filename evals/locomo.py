@@ -393,12 +393,13 @@ def scores_by_category(records: list[dict], by: tuple[str, ...] = ()) -> pd.Data
     """Per category (and `by`): LoCoMo's F1 (x100) with its 95 % bootstrap interval resampling conversations (a
     conversation's questions share its memory), the authors' F1 (where recorded), the substring accuracy with
     its Wilson interval, the share of questions whose evidence session was read (where the method chooses
-    fragments), the evidence's mean rank and what ranked it (`ranked_by` where the records say: a retriever's
-    own score for BM25 or dense, else attention density), seconds per question, and n."""
+    fragments), the evidence's mean rank and what ranked it (a record's `ranked_by`: a retriever's own score,
+    BM25, dense, oracle, recency or random; attention density where a record names none), seconds per question,
+    and n."""
     frame = pd.DataFrame(records)
     frame["evidence_read"] = frame["target_read"] if "target_read" in frame else np.nan
     frame["f1_authors"] = frame["f1_authors"] if "f1_authors" in frame else np.nan
-    frame["ranked_by"] = frame["ranked_by"] if "ranked_by" in frame else "density"
+    frame["ranked_by"] = frame.get("ranked_by", pd.Series("density", index=frame.index)).fillna("density")
     frame["seconds_per_question"] = [sum(v for phase, v in s.items() if phase not in UPDATE_PHASES)
                                      for s in frame["seconds"]]
     rows = []

@@ -294,8 +294,7 @@ def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
     labels = labelled(chosen, "tab:locomo")
     answered = [read_jsonl(run.folder / "predictions.jsonl") for run in chosen]
     records = [{**record, "run": f"{run.model} {protocol_of(run)}: {label}", "model": run.model, "method": label,
-                "protocol": protocol_of(run),
-                "ranked_by": run.config["method"].get("ranker", "density")}    # BM25, dense: their own score
+                "protocol": protocol_of(run)}
                for run, label, found in zip(chosen, labels, answered) for record in found]
     rows = keyed("locomo", pd.DataFrame(records).groupby(["model", "protocol", "method"]))   # `run` by its parts
     claims = supported(root / "claims.yaml", "locomo", rows) or unclaimed(rows)
@@ -315,8 +314,8 @@ def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
                          f"resampling conversations; f1 authors: the MemDefrag authors' (LongBench's qa_f1_score); "
                          f"accuracy: the gold, cut as LoCoMo's score cuts it, inside the scored reply, Wilson "
                          f"interval; evidence hit: an evidence session among the fragments read (methods that "
-                         f"choose); evidence rank: its best rank under what ranked (attention density, or BM25's "
-                         f"or the dense retriever's own score). Each row names the protocol its questions "
+                         f"choose); evidence rank: its best rank under what ranked (`ranked by`: attention "
+                         f"density, or a retriever's own score). Each row names the protocol its questions "
                          f"were asked under (task.protocol: locomo, authors, or bare for the runs before both). {sizes}. The figure: the last category's F1 against seconds per "
                          f"question.{claims}"), layers
 
