@@ -32,7 +32,7 @@ from evals import synthetic_long
 from evals.metrics import METRICS, AnswerMetrics, BertScore
 from evals.retention import best_rank
 from evals.stats import bootstrap_mean, paired_difference, with_interval
-from methods.errors import ConfigError, one_of
+from methods.errors import ConfigError, one_of, whole_number
 from methods.prompting import format_prompt
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,8 @@ class LongBench:
     (None: all); groups: items per subset, the first that fit, in file order (None: all);
     chunking: None = each subset's default; prompt: 'plain' (the authors' "Question: ... Answer:"),
     'longbench' (LongBench's template, its context part held by the memory) or 'chat' (that template's
-    question part in the tokenizer's chat template); max_new_tokens: None = dataset2maxlen.json's."""
+    question part in the tokenizer's chat template); max_new_tokens: every subset's answer budget, None =
+    each its dataset2maxlen.json's (the attribute `max_new_tokens` is the largest over the subsets)."""
 
     tables = ("tab:longbench",)
     marks_targets = True                  # the chunks holding a gold answer
@@ -220,15 +221,15 @@ class LongBench:
         one_of("task.prompt", prompt, Prompt)
         if chunking is not None:
             one_of("task.chunking", chunking, Chunking)
-        for key, value in (("groups", groups), ("max_tokens", max_tokens), ("chunk_tokens", chunk_tokens),
-                           ("max_new_tokens", max_new_tokens)):
-            if value is not None and value < 1:
-                raise ConfigError(f"task.{key}={value} must be >= 1")
+        for key, value in (("groups", groups), ("max_new_tokens", max_new_tokens)):
+            whole_number(f"task.{key}", value, or_null=True)
+        for key, value in (("max_tokens", max_tokens), ("chunk_tokens", chunk_tokens)):
+            whole_number(f"task.{key}", value)
         self.dataset, self.subsets = dataset, list(subsets or known)
         self.folder = Path(data_dir or ".") / "longbench"
         self.hub_id, self.n_groups, self.max_tokens, self.overflow = hub_id, groups, max_tokens, overflow
         self.chunking, self.chunk_tokens, self.prompt, self.seed = chunking, chunk_tokens, prompt, seed
-        self.max_new_tokens = max_new_tokens
+        self.answer_setting = max_new_tokens      # task.max_new_tokens; the attribute is the largest asked with
         self.bertscore = BertScore(bertscore_model, bertscore_layers, bertscore_rescale)
 
     def check(self) -> None:
@@ -275,10 +276,16 @@ class LongBench:
 
     @cached_property
     def answer_lengths(self) -> dict[str, int]:
-        """max_new_tokens per subset: the setting, else LongBench's dataset2maxlen.json."""
-        if self.max_new_tokens is not None:
-            return {s: self.max_new_tokens for s in self.subsets}
+        """max_new_tokens per subset: the setting (task.max_new_tokens), else LongBench's dataset2maxlen.json."""
+        if self.answer_setting is not None:
+            return {s: self.answer_setting for s in self.subsets}
         return synthetic_long.MAX_NEW_TOKENS if self.dataset == "synthetic" else self._config_file(MAXLEN_FILE)
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The largest answer budget a question of this run is asked with, over its subsets (the budget the window
+        preflight counts, harness.plugins.answer_budget; a subset's own is `answer_lengths`)."""
+        return max(self.answer_lengths[s] for s in self.subsets)
 
     def question(self, item: Item) -> tuple[str, str]:
         """(prompt text, prompt style for Session.ask): the template's part after its {context}."""

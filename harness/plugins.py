@@ -87,8 +87,9 @@ def check_contract(plugin, what: str) -> None:
 
 
 def answer_budget(task, run_budget: int) -> int:
-    """The answer budget a task asks its questions with: its own `max_new_tokens` where it declares one (LoCoMo's
-    protocol's, LongBench's setting), else the run's `run_budget`."""
+    """The answer budget a task asks its questions with: its own `max_new_tokens` where it declares one, else the
+    run's `run_budget`. A task whose questions ask with different budgets declares the largest (LoCoMo: its
+    protocol's; LongBench: the largest over its subsets, task.max_new_tokens or else dataset2maxlen.json's)."""
     return getattr(task, "max_new_tokens", None) or run_budget
 
 

@@ -93,10 +93,12 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
     with refused("task"):
         task.check()
         task.check_model(model_config, tokenizer)
-    positions = trained_window(model_config)
-    if positions is not None and cfg.max_new_tokens >= positions:
-        raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} must be smaller than the model's "
-                          f"{positions} positions (model {spec.name}), which also hold the memory and the prompt")
+    positions, budget = trained_window(model_config), answer_budget(task, cfg.max_new_tokens)
+    if positions is not None and budget >= positions:
+        asked = f"max_new_tokens={budget}" if budget == cfg.max_new_tokens else \
+            f"the answer budget {budget} task {cfg.task._target_.rsplit('.', 1)[-1]} asks with"
+        raise ConfigError(f"{asked} must be smaller than the model's {positions} positions (model {spec.name}), "
+                          f"which also hold the memory and the prompt")
     forgetting = build(cfg.forgetting, "forgetting")
     if method.keeps_own_memory and forgetting.capacity is not None:
         raise ConfigError(f"{named('forgetting')}: {named('method')} keeps a memory of its "
@@ -124,7 +126,7 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
     header = formation_header(tokenizer, cfg.formation, cfg.prompt)     # the memory's sink holds it (shared_prefix)
     try:
         check_capacity(model_config, forgetting.capacity, len(sink_ids(tokenizer, header)),
-                       len(read_prompt(tokenizer, "", cfg.prompt, header)), answer_budget(task, cfg.max_new_tokens),
+                       len(read_prompt(tokenizer, "", cfg.prompt, header)), budget,
                        cfg.allow_beyond_window, spec.name)
     except WindowError as err:
         raise ConfigError(str(err)) from None

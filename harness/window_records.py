@@ -5,11 +5,13 @@ say. A record hook of `memdefrag migrate` (harness/migrate.py).
 What an older record says of its read: `used_tokens` (the sink and the memory the answer read, or the text
 before its prompt; a trace-only record: its `memory_tokens` behind the one-token sink), its question (whose
 prompt, in the run's prompt style, is tokenized again) and the answer budget its task asked with (the run's
-preflight's rule, harness.plugins.answer_budget; none for a record without an answer). A task that words its own
-prompt around the question (LongBench's template) reads a little more than this counts. A method that reads its
-fragments in parallel (APE: `parallel`) takes the longest fragment's positions, not its memory's: at most
-the task's `max_context_tokens` where it cuts contexts to a length, else (not known) the memory's. A method that
-`traces` (attention density over the whole memory) also read its sink, its whole memory and its prompt.
+preflight's rule, harness.plugins.answer_budget, on the task as the record was asked: a task of `subsets` narrowed
+to the record's own `subset`, so a LongBench record counts its subset's budget, not the largest of its run's; none
+for a record without an answer). A task that words its own prompt around the question (LongBench's template)
+reads a little more than this counts. A method that reads its fragments in parallel (APE: `parallel`) takes the
+longest fragment's positions, not its memory's: at most the task's `max_context_tokens` where it cuts contexts to
+a length, else (not known) the memory's. A method that `traces` (attention density over the whole memory) also
+read its sink, its whole memory and its prompt.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def read_positions(config: dict, record: dict, tokenizer) -> int:
     if method.parallel and task.get("max_context_tokens"):
         read = min(read, 1 + task["max_context_tokens"])
     prompt = len(format_prompt(tokenizer, record["question"], config["prompt"])) if "question" in record else 0
-    budget = (answer_budget(plugin_of(json.dumps(task, sort_keys=True), "task"), config["max_new_tokens"])
+    asked = {**task, "subsets": [record["subset"]]} if "subset" in record and "subsets" in task else task
+    budget = (answer_budget(plugin_of(json.dumps(asked, sort_keys=True), "task"), config["max_new_tokens"])
               if "output" in record else 0)
     traced = positions(1 + record["memory_tokens"], prompt, 0) if method.traces else 0
     return max(positions(read, prompt, budget), traced)

@@ -2,6 +2,7 @@
 parquet loaders on fixture files in the official format, the embedded set, and whole runs."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from evals.longbench import (LongBench, scores_by_subset, split_fixed, split_pas
                              truncate_middle)
 from evals.metrics import METRICS
 from harness.errors import ConfigError
+from harness.plugins import answer_budget
 from harness.results import read_jsonl
 from harness.runner import run
 from tests.conftest import tiny_run_config
@@ -114,7 +116,7 @@ def test_prompts(data_dir, chars):
 @pytest.mark.parametrize("change, message", [
     ({"subsets": ["hotpotqa", "nosuch"]}, "task.subsets=['hotpotqa', 'nosuch'] must name some of"),
     ({"subsets": ["musique"]}, "task.subsets: no data for 'musique'"),
-    ({"chunk_tokens": 0}, "task.chunk_tokens=0 must be >= 1"),
+    ({"chunk_tokens": 0}, "task.chunk_tokens=0 must be an integer >= 1"),
     ({"overflow": "wrap"}, "task.overflow='wrap' is not one of ['skip', 'truncate']"),
     ({"max_new_tokens": None, "subsets": ["hotpotqa"], "maxlen": {}}, "has no entry for ['hotpotqa']"),
 ])
@@ -123,6 +125,30 @@ def test_bad_settings_are_refused(data_dir, change, message):
         (data_dir / "longbench" / "dataset2maxlen.json").write_text(json.dumps(change.pop("maxlen")))
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
         LongBench("longbench", str(data_dir), **{"subsets": ["hotpotqa", "qasper"], **change}).check()
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("groups", 2.5, "task.groups=2.5 must be an integer >= 1, or null"),
+    ("groups", 0, "task.groups=0 must be an integer >= 1, or null"),
+    ("max_new_tokens", True, "task.max_new_tokens=True must be an integer >= 1, or null"),
+    ("max_new_tokens", "a", "task.max_new_tokens='a' must be an integer >= 1, or null"),
+    ("max_tokens", None, "task.max_tokens=None must be an integer >= 1"),
+    ("chunk_tokens", 8.0, "task.chunk_tokens=8.0 must be an integer >= 1"),
+])
+def test_a_count_that_is_no_whole_number_is_refused_in_one_line_naming_it(key, value, message):
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        LongBench(**{key: value})
+
+
+def test_the_declared_answer_budget_is_the_largest_its_questions_are_asked_with(data_dir):
+    """harness.plugins.answer_budget (the window preflight's) reads the largest budget over the subsets: the
+    setting where given, else dataset2maxlen.json's (the fixture: hotpotqa 32, qasper 128; the embedded set: 32)."""
+    both = LongBench("longbench", str(data_dir), subsets=["hotpotqa", "qasper"])
+    assert both.answer_lengths == {"hotpotqa": 32, "qasper": 128} and answer_budget(both, 32) == 128
+    assert answer_budget(LongBench("longbench", str(data_dir), subsets=["hotpotqa"]), 64) == 32
+    assert answer_budget(LongBench("longbench", str(data_dir), subsets=["hotpotqa", "qasper"], max_new_tokens=16),
+                         32) == 16
+    assert answer_budget(LongBench(), 4) == 32
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -3,6 +3,7 @@ labelled opt-in."""
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -202,6 +203,43 @@ def test_an_older_record_counts_the_answer_budget_its_task_asked_with(short_wind
         config = tiny_run_config(short_window, *LOCOMO, f"task.protocol={protocol}", small_task=False)
         past[protocol] = with_beyond_window(OmegaConf.to_container(config, resolve=True), [record])[0]["beyond_window"]
     assert past["locomo"] - past["authors"] == BUDGETS["locomo"] - BUDGETS["authors"]
+
+
+LONGBENCH_BUDGETS = {"hotpotqa": 32, "qasper": 128}      # tests/testdata/longbench's dataset2maxlen.json
+LONGBENCH = ("task=longbench", "task.dataset=longbench", "task.subsets=[hotpotqa,qasper]",
+             f"task.data_dir={Path(__file__).parent / 'testdata'}", "forgetting=random")
+
+
+@pytest.mark.parametrize("setting, budget", [("null", 128), ("16", 16)])
+def test_the_capacity_check_counts_the_largest_answer_budget_longbench_asks_with(setting, budget, tiny_checkpoint):
+    """LongBench asks each subset with dataset2maxlen.json's budget (hotpotqa 32, qasper 128) unless
+    task.max_new_tokens sets one: the preflight counts the largest it asks with, not the run's 4."""
+    with pytest.raises(ConfigError, match=rf"\+ answer budget {budget} - 1\) takes"):
+        preflight(tiny_run_config(tiny_checkpoint, *LONGBENCH, f"task.max_new_tokens={setting}",
+                                  "model.memory_capacity=8192", small_task=False))
+
+
+def test_an_answer_budget_that_fills_the_window_is_the_task_s_when_it_declares_one(short_window):
+    """A budget that alone takes every position of the trained window (400) is refused, with the opt-in too: the
+    budget the task asks with, not the run's."""
+    with pytest.raises(ConfigError, match=r"the answer budget 400 task LongBench asks with must be smaller than the "
+                                          r"model's 400 positions \(model tiny_llama\)"):
+        preflight(tiny_run_config(short_window, *LONGBENCH, "task.max_new_tokens=400", "allow_beyond_window=true",
+                                  small_task=False))
+    # the run's budget, which LongBench (here at most 128) never asks with
+    preflight(tiny_run_config(short_window, *LONGBENCH, "max_new_tokens=600", "allow_beyond_window=true",
+                              small_task=False))
+
+
+def test_an_older_longbench_record_counts_its_own_subset_s_answer_budget(short_window):
+    """harness.window_records counts the budget an older LongBench record's answer took: its subset's (by the
+    preflight's rule on the task of that subset); a record that names none, the largest the task asks with."""
+    record = {"used_tokens": 400, "memory_tokens": 399, "question": "?", "output": ""}    # a full window, then more
+    config = OmegaConf.to_container(tiny_run_config(short_window, *LONGBENCH, small_task=False), resolve=True)
+    past = {subset: with_beyond_window(config, [{**record, "subset": subset}])[0]["beyond_window"]
+            for subset in LONGBENCH_BUDGETS}
+    assert past["qasper"] - past["hotpotqa"] == LONGBENCH_BUDGETS["qasper"] - LONGBENCH_BUDGETS["hotpotqa"]
+    assert with_beyond_window(config, [record])[0]["beyond_window"] == past["qasper"]
 
 
 def test_with_the_opt_in_every_record_says_how_far_past_and_run_json_counts_them(short_window, tmp_path):
