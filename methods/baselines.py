@@ -30,7 +30,8 @@ class TextMemory(Method):
     """The stored fragments as plain text before the prompt: memory without positional distortion.
     fit_window: the verbatim fragments (their text as stored, before any forgetting) cut to the model's positions
     (uncut where its config declares none) as LoCoMo cuts its conversation (snap-research/locomo
-    `task_eval/evaluate_llama2.py`, `get_input_context`): whole lines, the latest first, while the sink, the lines, the prompt and `answer_room` answer tokens fit;
+    `task_eval/evaluate_llama2.py`, `get_input_context`): whole lines, the latest first, while the sink, the
+    lines, the prompt and `answer_room` answer tokens fit;
     a fragment with any line kept keeps its first line too (a LoCoMo session's date header), and the fragments
     before the first that does not fit whole are dropped. Each line is tokenized on its own (LoCoMo counts
     each turn on its own too)."""

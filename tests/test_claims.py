@@ -27,16 +27,22 @@ def peers_runs(root: Path) -> None:
         fake_run(root / "p" / method, "Retention", method, records, study="peers", dataset="synthetic")
 
 
+def refusal(root: Path, claims: str) -> str:
+    """The report's one-line refusal of `claims` over the runs under `root`; nothing is written on it."""
+    (root / "claims.yaml").write_text(claims)
+    with pytest.raises(ConfigError) as caught:
+        write(root)
+    assert not (root / "README.md").exists()
+    return str(caught.value)
+
+
 def test_a_claim_the_runs_do_not_bear_out_is_refused_with_its_numbers(tmp_path):
     peers_runs(tmp_path)
-    (tmp_path / "claims.yaml").write_text(WRONG)
-    with pytest.raises(ConfigError) as caught:
-        write(tmp_path)
-    assert str(caught.value) == (
+    refused = refusal(tmp_path, WRONG)
+    assert refused == (
         "claim 'EPIC over Top-2 beats Top-2 alone' says 'higher' but the runs say 'no measurable difference': EPIC "
         "over Top-2 beats Top-2 alone (smollm2, synthetic, n = 20): 43.3 % against 30.0 %, +13.3 points (McNemar's "
         "exact p 0.12, 30 questions).")
-    assert not (tmp_path / "README.md").exists()                    # nothing written on a false claim
 
 
 def test_a_claim_the_runs_bear_out_is_rendered_with_its_numbers(tmp_path):
@@ -141,14 +147,11 @@ def test_a_locomo_claim_is_rendered_with_both_f1s_the_difference_and_its_interva
 
 def test_a_locomo_claim_the_runs_contradict_is_refused_in_one_line(tmp_path):
     apart(tmp_path)
-    (tmp_path / "claims.yaml").write_text(LOCOMO.replace("says: higher", "says: no measurable difference"))
-    with pytest.raises(ConfigError) as caught:
-        write(tmp_path)
-    assert str(caught.value) == (
+    refused = refusal(tmp_path, LOCOMO.replace("says: higher", "says: no measurable difference"))
+    assert refused == (
         "claim 'Top-1 against vanilla' says 'no measurable difference' but the runs say 'higher': Top-1 against "
         "vanilla (smollm2, protocol=locomo, category 4): F1 50.0 against 25.0, +25.0 points (95 % paired bootstrap "
         "interval over conversations [+16.7, +33.3], 30 questions of 6 conversations).")
-    assert not (tmp_path / "README.md").exists()
 
 
 def test_locomo_rows_pair_on_each_conversations_questions_and_resample_conversations(tmp_path):
@@ -171,10 +174,8 @@ def test_a_locomo_claim_over_fewer_conversations_than_a_difference_needs_is_refu
     2 * 2 ** -k of k conversations' sign patterns without any difference (12.5 % at 4). Under 6 no verdict is
     tested, so none may stand, not even 'no measurable difference', which could never fail there."""
     apart(tmp_path, conversations)
-    (tmp_path / "claims.yaml").write_text(LOCOMO.replace("says: higher", f"says: {says}"))
-    with pytest.raises(ConfigError) as caught:
-        write(tmp_path)
-    assert str(caught.value) == (
+    refused = refusal(tmp_path, LOCOMO.replace("says: higher", f"says: {says}"))
+    assert refused == (
         f"claim 'Top-1 against vanilla': rows 'memdefrag_top1' and 'vanilla' pair {conversations} conversations at "
         f"category 4, and a difference over conversations needs at least 6 (evals.stats.fewest_groups): no verdict "
         f"of it is tested")
@@ -195,10 +196,8 @@ def test_a_row_asking_one_question_twice_is_refused_naming_it(tmp_path):
     """A row pooling two runs of the same conversations holds each question twice: no one-to-one pairing."""
     apart(tmp_path)
     locomo_runs(tmp_path, {"memdefrag_top1": {"conv-0": [0.5]}}, name="again")
-    (tmp_path / "claims.yaml").write_text(LOCOMO)
-    with pytest.raises(ConfigError) as caught:
-        write(tmp_path)
-    assert str(caught.value) == (
+    refused = refusal(tmp_path, LOCOMO)
+    assert refused == (
         "claim 'Top-1 against vanilla': row 'memdefrag_top1' asks sample_id='conv-0', question_index=0, "
         "question='q0' twice at category 4, so its questions do not pair one to one")
 
@@ -208,13 +207,11 @@ def test_rows_whose_runs_sampled_other_questions_are_refused(tmp_path):
     locomo_runs(tmp_path, {"memdefrag_top1": {f"conv-{c}": [0.5] * 5 for c in range(6)}},
                 questions=["q0", "q1", "q2", "q3", GINA])
     locomo_runs(tmp_path, {"vanilla": {f"conv-{c}": [0.25] * 5 for c in range(6)}})
-    (tmp_path / "claims.yaml").write_text(LOCOMO)
-    with pytest.raises(ConfigError) as caught:
-        write(tmp_path)
+    refused = refusal(tmp_path, LOCOMO)
     assert re.fullmatch(re.escape("claim 'Top-1 against vanilla': rows 'memdefrag_top1' and 'vanilla' differ at "
                                   "sample_id='conv-") + r"\d" + re.escape(
         f"', question_index=4 (question {GINA!r} against 'q4'): their runs sampled other questions (task.seed, "
-        f"task.categories or task.questions), so their question_index names no common question"), str(caught.value))
+        f"task.categories or task.questions), so their question_index names no common question"), refused)
 
 
 @pytest.mark.parametrize("conversations, sentence", [

@@ -94,7 +94,5 @@ class Selection(Method):
         ranked = clock(device)
         view = memory.arranged(self.order(scores))
         seconds = {self.ranker.phase: ranked - start, "select": clock(device) - ranked}
-        if self.reading == "text":
-            return Plan(text_ids=view.text_ids(), densities=scores, seconds=seconds, read=view.ids(),
-                        scored_by=self.ranker_name)
-        return Plan(latent=view, densities=scores, seconds=seconds, read=view.ids(), scored_by=self.ranker_name)
+        reading = {"text_ids": view.text_ids()} if self.reading == "text" else {"latent": view}
+        return Plan(**reading, densities=scores, seconds=seconds, read=view.ids(), scored_by=self.ranker_name)
