@@ -283,6 +283,10 @@ class LoCoMo:
         """The answer budget every question is asked with (the protocol's; harness.plugins.answer_budget)."""
         return self.protocol.answer_tokens
 
+    def prompt_frames(self, tokenizer, run_style: str) -> list[tuple[str, str]]:
+        """The protocol's instruction around a question and the style it is read in (harness.plugins)."""
+        return [(self.protocol.instruction, self.protocol.prompt_style(tokenizer, run_style))]
+
     def samples(self) -> list[dict]:
         if self.dataset == "synthetic":
             return validated(synthetic_dialogue.generate(self.seed), "the embedded set")

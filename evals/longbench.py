@@ -287,12 +287,22 @@ class LongBench:
         preflight counts, harness.plugins.answer_budget; a subset's own is `answer_lengths`)."""
         return max(self.answer_lengths[s] for s in self.subsets)
 
-    def question(self, item: Item) -> tuple[str, str]:
-        """(prompt text, prompt style for Session.ask): the template's part after its {context}."""
+    def frame(self, subset: str) -> tuple[str, str]:
+        """(the text around a question of `subset`, `{input}` where it goes; its prompt style for Session.ask):
+        the template's part after its {context}."""
         if self.prompt == "plain":
-            return AUTHORS_PROMPT.format(input=item.question), "raw"
-        tail = self.templates[item.subset].split("{context}", 1)[-1].lstrip()
-        return tail.format(input=item.question), "raw" if self.prompt == "longbench" else "chat"
+            return AUTHORS_PROMPT, "raw"
+        tail = self.templates[subset].split("{context}", 1)[-1].lstrip()
+        return tail, "raw" if self.prompt == "longbench" else "chat"
+
+    def question(self, item: Item) -> tuple[str, str]:
+        """(prompt text, prompt style for Session.ask)."""
+        text, style = self.frame(item.subset)
+        return text.format(input=item.question), style
+
+    def prompt_frames(self, tokenizer, run_style: str) -> list[tuple[str, str]]:
+        """Each subset's frame (harness.plugins), `{question}` where the question goes."""
+        return [(text.replace("{input}", "{question}"), style) for text, style in map(self.frame, self.subsets)]
 
     def groups(self, tokenizer) -> list[Item]:
         """Each subset's first `groups` items that fit (or are cut to) task.max_tokens; how many were left out

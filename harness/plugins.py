@@ -12,6 +12,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from harness.errors import ConfigError
+from methods.prompting import read_prompt
 
 # What the harness uses of each kind of plugin (by config group) and how it calls it: a member and the arguments
 # it passes (None: an attribute it reads). Subclassing methods.base.Method, methods.forgetting.Forgetting or
@@ -91,6 +92,22 @@ def answer_budget(task, run_budget: int) -> int:
     run's `run_budget`. A task whose questions ask with different budgets declares the largest (LoCoMo: its
     protocol's; LongBench: the largest over its subsets, task.max_new_tokens or else dataset2maxlen.json's)."""
     return getattr(task, "max_new_tokens", None) or run_budget
+
+
+def prompt_frames(task, tokenizer, run_style: str) -> list[tuple[str, str]]:
+    """Each way a task asks: the text around its question (`{question}` where the question goes) and the prompt
+    style it is read in (methods.prompting). The task's own `prompt_frames(tokenizer, run_style)` where it
+    words its questions itself (LoCoMo's instruction, LongBench's templates), else the bare question in the run's
+    style."""
+    frames = getattr(task, "prompt_frames", None)
+    return frames(tokenizer, run_style) if frames else [("{question}", run_style)]
+
+
+def prompt_positions(task, tokenizer, run_style: str, header: list[int], question: str = "") -> int:
+    """The fewest positions `question`'s prompt takes after a memory whose sink holds `header`, over the ways the
+    task asks (prompt_frames); the empty question: the least any of its prompts takes (the window preflight's)."""
+    return min(len(read_prompt(tokenizer, text.replace("{question}", question), style, header))
+               for text, style in prompt_frames(task, tokenizer, run_style))
 
 
 def check_groups(groups: list, what: str = "task") -> None:

@@ -20,14 +20,14 @@ from harness import selfcheck, shards
 from harness.errors import ConfigError
 from harness.formed import FormedFragments
 from harness.models import ModelSpec, check_source, load, one_line_cause
-from harness.plugins import answer_budget, build, check_groups, check_record, refused
+from harness.plugins import answer_budget, build, check_groups, check_record, prompt_positions, refused
 from harness.results import ResultFolder, flattened, metrics_table, peak_memory_mb, reset_peak_memory
 from methods.attention.decoder import num_layers
 from methods.forgetting import CapacityError
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.formation import formation_header, sink_ids
-from methods.prompting import format_prompt, read_prompt
+from methods.prompting import format_prompt
 from methods.session import Session
 from methods.window import Window, WindowError, check_capacity, trained_window, window_summary
 
@@ -126,7 +126,7 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
     header = formation_header(tokenizer, cfg.formation, cfg.prompt)     # the memory's sink holds it (shared_prefix)
     try:
         check_capacity(model_config, forgetting.capacity, len(sink_ids(tokenizer, header)),
-                       len(read_prompt(tokenizer, "", cfg.prompt, header)), budget,
+                       prompt_positions(task, tokenizer, cfg.prompt, header), budget,
                        cfg.allow_beyond_window, spec.name)
     except WindowError as err:
         raise ConfigError(str(err)) from None

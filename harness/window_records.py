@@ -4,11 +4,12 @@ say. A record hook of `memdefrag migrate` (harness/migrate.py).
 
 What an older record says of its read: `used_tokens` (the sink and the memory the answer read, or the text
 before its prompt; a trace-only record: its `memory_tokens` behind the one-token sink), its question (whose
-prompt, in the run's prompt style, is tokenized again) and the answer budget its task asked with (the run's
-preflight's rule, harness.plugins.answer_budget, on the task as the record was asked: a task of `subsets` narrowed
-to the record's own `subset`, so a LongBench record counts its subset's budget, not the largest of its run's; none
-for a record without an answer). A task that words its own prompt around the question (LongBench's template)
-reads a little more than this counts. A method that reads its fragments in parallel (APE: `parallel`) takes the
+prompt is tokenized again by the preflight's rule, harness.plugins.prompt_positions: the task's own wording and
+style where it declares them, what follows the memory's sink, which under shared_prefix holds the prompt's
+header) and the answer budget its task asked with (harness.plugins.answer_budget); both on the task as the record
+was asked: a task of `subsets` narrowed to the record's own `subset`, so a LongBench record counts its subset's
+template and budget, not its run's largest; no budget for a record without an answer. A question the task
+lengthens before wording it (LoCoMo's category hints and choices) reads a little more than this counts. A method that reads its fragments in parallel (APE: `parallel`) takes the
 longest fragment's positions, not its memory's: at most the task's `max_context_tokens` where it cuts contexts to
 a length, else (not known) the memory's. A method that `traces` (attention density over the whole memory) also
 read its sink, its whole memory and its prompt.
@@ -25,9 +26,9 @@ from omegaconf import OmegaConf
 
 from harness.errors import ConfigError
 from harness.models import ModelSpec, check_source
-from harness.plugins import answer_budget, build
+from harness.plugins import answer_budget, build, prompt_positions
 from harness.results import atomic_write
-from methods.prompting import format_prompt
+from methods.formation import formation_header
 from methods.window import positions, trained_window, window_summary
 
 
@@ -60,10 +61,12 @@ def read_positions(config: dict, record: dict, tokenizer) -> int:
     read = record["used_tokens"] if "used_tokens" in record else 1 + record["memory_tokens"]
     if method.parallel and task.get("max_context_tokens"):
         read = min(read, 1 + task["max_context_tokens"])
-    prompt = len(format_prompt(tokenizer, record["question"], config["prompt"])) if "question" in record else 0
-    asked = {**task, "subsets": [record["subset"]]} if "subset" in record and "subsets" in task else task
-    budget = (answer_budget(plugin_of(json.dumps(asked, sort_keys=True), "task"), config["max_new_tokens"])
-              if "output" in record else 0)
+    asked = plugin_of(json.dumps({**task, "subsets": [record["subset"]]} if "subset" in record and "subsets" in task
+                                 else task, sort_keys=True), "task")
+    header = formation_header(tokenizer, config["formation"], config["prompt"])
+    prompt = prompt_positions(asked, tokenizer, config["prompt"], header, record["question"]) \
+        if "question" in record else 0
+    budget = answer_budget(asked, config["max_new_tokens"]) if "output" in record else 0
     traced = positions(1 + record["memory_tokens"], prompt, 0) if method.traces else 0
     return max(positions(read, prompt, budget), traced)
 

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig, MistralConfig, Phi3Config,
                           Qwen2Config)
 
+from evals.locomo import PROTOCOLS, ProtocolName
 from harness.errors import ConfigError
 from harness.report import write
 from harness.results import read_config
@@ -21,6 +22,7 @@ from methods.baselines import NoMemory, TextMemory, Vanilla
 from methods.formation import Formation
 from methods.memdefrag import MemDefrag
 from methods.peers.ape import APE
+from methods.prompting import format_prompt
 from methods.session import Session
 from methods.window import Window, WindowError, marked, trained_window, window_summary
 from tests.conftest import COMMON, FAMILIES, FRAGMENTS, save_tiny_checkpoint, tiny_model, tiny_run_config
@@ -194,15 +196,37 @@ def test_the_capacity_check_counts_the_answer_budget_the_task_asks_with(protocol
                                   "model.memory_capacity=8192", small_task=False))
 
 
-def test_an_older_record_counts_the_answer_budget_its_task_asked_with(short_window):
-    """harness.window_records reads a task's budget by the preflight's rule: an older LoCoMo record's answer took
-    its protocol's budget."""
+def protocol_prompt(checkpoint, protocol: str, question: str = "") -> int:
+    """The prompt LoCoMo's protocol reads, counted here from its declaration: its instruction, in the model's chat
+    template under `locomo` (the tiny tokenizer has one) whatever the run's style, plain under `authors`."""
+    declared = PROTOCOLS[ProtocolName(protocol)]
+    style = {"locomo": "chat", "authors": "plain"}[protocol]
+    return len(format_prompt(AutoTokenizer.from_pretrained(checkpoint), declared.instruction.format(question=question),
+                             style))
+
+
+def test_an_older_record_counts_the_answer_budget_and_prompt_its_task_asked_with(short_window):
+    """harness.window_records counts a task's budget and prompt by the preflight's rule: an older LoCoMo record's
+    answer took its protocol's budget and its protocol's wording of the question."""
     record = {"used_tokens": 400, "memory_tokens": 399, "question": "?", "output": ""}    # a full window, then more
     past = {}
     for protocol in BUDGETS:
         config = tiny_run_config(short_window, *LOCOMO, f"task.protocol={protocol}", small_task=False)
         past[protocol] = with_beyond_window(OmegaConf.to_container(config, resolve=True), [record])[0]["beyond_window"]
-    assert past["locomo"] - past["authors"] == BUDGETS["locomo"] - BUDGETS["authors"]
+    prompts = {protocol: protocol_prompt(short_window, protocol, "?") for protocol in BUDGETS}
+    assert prompts["locomo"] > prompts["authors"] + 20
+    assert past["locomo"] - past["authors"] == (BUDGETS["locomo"] - BUDGETS["authors"]
+                                                + prompts["locomo"] - prompts["authors"])
+
+
+@pytest.mark.parametrize("protocol, run_style", [("locomo", "plain"), ("locomo", "chat"), ("authors", "chat")])
+def test_the_capacity_check_counts_the_prompt_the_task_asks_with(protocol, run_style, tiny_checkpoint):
+    """LoCoMo words its questions in its protocol's style, not the run's (`prompt`): the preflight counts the
+    prompt its empty question takes there (LoCoMo's instruction in the chat template; the authors' plain)."""
+    prompt = protocol_prompt(tiny_checkpoint, protocol)
+    with pytest.raises(ConfigError, match=rf"\+ prompt {prompt} \+ answer budget {BUDGETS[protocol]} - 1\) takes"):
+        preflight(tiny_run_config(tiny_checkpoint, *LOCOMO, f"task.protocol={protocol}", f"prompt={run_style}",
+                                  "model.memory_capacity=8192", small_task=False))
 
 
 LONGBENCH_BUDGETS = {"hotpotqa": 32, "qasper": 128}      # tests/testdata/longbench's dataset2maxlen.json
@@ -231,14 +255,22 @@ def test_an_answer_budget_that_fills_the_window_is_the_task_s_when_it_declares_o
                               small_task=False))
 
 
-def test_an_older_longbench_record_counts_its_own_subset_s_answer_budget(short_window):
-    """harness.window_records counts the budget an older LongBench record's answer took: its subset's (by the
-    preflight's rule on the task of that subset); a record that names none, the largest the task asks with."""
+def test_an_older_longbench_record_counts_its_own_subset_s_answer_budget_and_template(short_window):
+    """harness.window_records counts the budget and prompt an older LongBench record's answer took: its subset's
+    (by the preflight's rule on the task of that subset: the template's part after its context, in the chat
+    template); a record that names none, the largest budget and the shortest prompt the task asks with."""
     record = {"used_tokens": 400, "memory_tokens": 399, "question": "?", "output": ""}    # a full window, then more
     config = OmegaConf.to_container(tiny_run_config(short_window, *LONGBENCH, small_task=False), resolve=True)
+    assert config["task"]["prompt"] == "chat"
+    templates = json.loads((Path(__file__).parent / "testdata" / "longbench" / "dataset2prompt.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(short_window)
+    prompts = {subset: len(format_prompt(tokenizer, templates[subset].split("{context}")[1].lstrip().format(input="?"),
+                                         "chat")) for subset in LONGBENCH_BUDGETS}
+    assert prompts["hotpotqa"] > prompts["qasper"]
     past = {subset: with_beyond_window(config, [{**record, "subset": subset}])[0]["beyond_window"]
             for subset in LONGBENCH_BUDGETS}
-    assert past["qasper"] - past["hotpotqa"] == LONGBENCH_BUDGETS["qasper"] - LONGBENCH_BUDGETS["hotpotqa"]
+    assert past["qasper"] - past["hotpotqa"] == (LONGBENCH_BUDGETS["qasper"] - LONGBENCH_BUDGETS["hotpotqa"]
+                                                 + prompts["qasper"] - prompts["hotpotqa"])
     assert with_beyond_window(config, [record])[0]["beyond_window"] == past["qasper"]
 
 
@@ -254,13 +286,17 @@ def test_with_the_opt_in_every_record_says_how_far_past_and_run_json_counts_them
                               "most_beyond": max(past)}
 
 
-@pytest.mark.parametrize("method", ["vanilla", "memdefrag_top1"])
-def test_an_older_record_gets_the_beyond_window_its_run_would_have_measured(method, short_window, tmp_path):
+@pytest.mark.parametrize("method, formation", [("vanilla", "shared_sink"), ("memdefrag_top1", "shared_sink"),
+                                               ("vanilla", "shared_prefix")])
+def test_an_older_record_gets_the_beyond_window_its_run_would_have_measured(method, formation, short_window,
+                                                                            tmp_path):
     """harness.window_records estimates a record written before the window was checked from its used_tokens, its
-    question's prompt and the run's budget (and, for a method that traces, its whole memory): on a run that
-    measured them, the estimate is the measure; run.json's summary follows the records."""
+    question's prompt (under shared_prefix the part after the header its sink holds) and the run's budget (and,
+    for a method that traces, its whole memory): on a run that measured them, the estimate is the measure;
+    run.json's summary follows the records."""
     folder = tmp_path / "run"
-    run(tiny_run_config(short_window, *SHORT, f"method={method}", "allow_beyond_window=true"), str(folder))
+    run(tiny_run_config(short_window, *SHORT, f"method={method}", f"formation={formation}",
+                        "allow_beyond_window=true"), str(folder))
     records = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines()]
     config = OmegaConf.to_container(read_config(folder))
     older = [{k: v for k, v in r.items() if k != "beyond_window"} for r in records]
