@@ -105,8 +105,11 @@ def prompt_frames(task, tokenizer, run_style: str) -> list[tuple[str, str]]:
 
 def prompt_positions(task, tokenizer, run_style: str, header: list[int], question: str = "") -> int:
     """The fewest positions `question`'s prompt takes after a memory whose sink holds `header`, over the ways the
-    task asks (prompt_frames); the empty question: the least any of its prompts takes (the window preflight's)."""
-    return min(len(read_prompt(tokenizer, text.replace("{question}", question), style, header))
+    task asks (prompt_frames); the empty question: the least any of its prompts takes (the window preflight's,
+    which pairs it with the largest answer budget: for LongBench, whose subsets differ in both, not one question's
+    read but short of the longest by at most its templates' spread; the check at each read counts each
+    question's own)."""
+    return min(len(read_prompt(tokenizer, text.format(question=question), style, header))
                for text, style in prompt_frames(task, tokenizer, run_style))
 
 

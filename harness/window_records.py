@@ -5,14 +5,15 @@ say. A record hook of `memdefrag migrate` (harness/migrate.py).
 What an older record says of its read: `used_tokens` (the sink and the memory the answer read, or the text
 before its prompt; a trace-only record: its `memory_tokens` behind the one-token sink), its question (whose
 prompt is tokenized again by the preflight's rule, harness.plugins.prompt_positions: the task's own wording and
-style where it declares them, what follows the memory's sink, which under shared_prefix holds the prompt's
-header) and the answer budget its task asked with (harness.plugins.answer_budget); both on the task as the record
-was asked: a task of `subsets` narrowed to the record's own `subset`, so a LongBench record counts its subset's
-template and budget, not its run's largest; no budget for a record without an answer. A question the task
-lengthens before wording it (LoCoMo's category hints and choices) reads a little more than this counts. A method that reads its fragments in parallel (APE: `parallel`) takes the
-longest fragment's positions, not its memory's: at most the task's `max_context_tokens` where it cuts contexts to
-a length, else (not known) the memory's. A method that `traces` (attention density over the whole memory) also
-read its sink, its whole memory and its prompt.
+style where it declares them; after the memory's sink, which under shared_prefix holds the prompt's header, what
+follows that header; the whole prompt where the answer read no memory) and the answer budget its task asked with
+(harness.plugins.answer_budget); both on the task as the record was asked: a task of `subsets` narrowed to the
+record's own `subset`, so a LongBench record counts its subset's template and budget, not its run's largest; no
+budget for a record without an answer. A question the task lengthens before wording it (LoCoMo's category hints
+and choices) reads a little more than this counts. A method that reads its fragments in parallel (APE:
+`parallel`) takes the longest fragment's positions, not its memory's: at most the task's `max_context_tokens`
+where it cuts contexts to a length, else (not known) the memory's. A method that `traces` (attention density over
+the whole memory) also read its sink, its whole memory and its prompt.
 """
 
 from __future__ import annotations
@@ -64,16 +65,21 @@ def read_positions(config: dict, record: dict, tokenizer) -> int:
     asked = plugin_of(json.dumps({**task, "subsets": [record["subset"]]} if "subset" in record and "subsets" in task
                                  else task, sort_keys=True), "task")
     header = formation_header(tokenizer, config["formation"], config["prompt"])
-    prompt = prompt_positions(asked, tokenizer, config["prompt"], header, record["question"]) \
-        if "question" in record else 0
+
+    def prompt(after_sink: bool) -> int:
+        """As Session reads it: after the memory's sink, what follows the header the sink holds; else whole."""
+        if "question" not in record:
+            return 0
+        return prompt_positions(asked, tokenizer, config["prompt"], header if after_sink else [], record["question"])
+
     budget = answer_budget(asked, config["max_new_tokens"]) if "output" in record else 0
-    traced = positions(1 + record["memory_tokens"], prompt, 0) if method.traces else 0
-    return max(positions(read, prompt, budget), traced)
+    answered = positions(read, prompt(read > 0 and not method.keeps_own_memory), budget)
+    return max(answered, positions(1 + record["memory_tokens"], prompt(True), 0) if method.traces else 0)
 
 
 def with_beyond_window(config: dict, records: list[dict]) -> list[dict]:
     """The records, each with `beyond_window` (positions past its model's trained window, 0 inside) where it
-    has none and says what it read; unchanged where its model's config cannot be read offline."""
+    has none and says what it read; unchanged where its model's config or its task's files cannot be read."""
     def unmarked(record: dict) -> bool:
         return "beyond_window" not in record and ("used_tokens" in record or "memory_tokens" in record)
 
@@ -82,8 +88,11 @@ def with_beyond_window(config: dict, records: list[dict]) -> list[dict]:
     window, tokenizer = model_window(config)
     if window is None:
         return records
-    return [{**r, "beyond_window": max(read_positions(config, r, tokenizer) - window, 0)} if unmarked(r) else r
-            for r in records]
+    try:
+        return [{**r, "beyond_window": max(read_positions(config, r, tokenizer) - window, 0)} if unmarked(r) else r
+                for r in records]
+    except ConfigError:             # the task's own files (LongBench's templates) are not where its config says
+        return records
 
 
 def summarize(folder: Path, config: dict, records: list[dict]) -> bool:

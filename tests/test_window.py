@@ -308,6 +308,17 @@ def test_an_older_record_gets_the_beyond_window_its_run_would_have_measured(meth
     assert not summarize(folder, config, records)                  # said already: nothing written
 
 
+def test_an_older_answer_that_read_no_memory_counts_its_whole_prompt(short_window):
+    """Session reads the whole prompt, its header included, where an answer reads no memory: under shared_prefix
+    too, window_records counts it whole (past the 400 positions by the prompt and a 390-token budget)."""
+    record = {"used_tokens": 0, "memory_tokens": 0, "question": "?", "output": ""}
+    whole = len(format_prompt(AutoTokenizer.from_pretrained(short_window), "?", "chat"))
+    for formation in ("shared_sink", "shared_prefix"):
+        config = tiny_run_config(short_window, "method=none", f"formation={formation}", "max_new_tokens=390")
+        past = with_beyond_window(OmegaConf.to_container(config, resolve=True), [record])[0]["beyond_window"]
+        assert past == whole + 390 - 1 - 400
+
+
 def test_an_older_record_of_a_model_no_longer_at_hand_is_left_as_it_is(short_window):
     config = {"model": {"name": "gone", "source": "/nowhere/checkpoint"}}
     records = [{"used_tokens": 9000, "question": "?", "output": ""}]
