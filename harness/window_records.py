@@ -56,15 +56,15 @@ def plugin_of(node: str, what: str):
     return build(OmegaConf.create(json.loads(node)), what)
 
 
-def read_positions(config: dict, record: dict, tokenizer) -> int:
-    """The positions an older record's reads took, from the record and its run's config (see the docstring)."""
+def read_positions(config: dict, record: dict, tokenizer, header: list[int]) -> int:
+    """The positions an older record's reads took, from the record and its run's config (see the docstring);
+    `header`: what the run's memory sink holds of the prompt (methods.formation.formation_header)."""
     task, method = config["task"], plugin_of(json.dumps(config["method"], sort_keys=True), "method")
     read = record["used_tokens"] if "used_tokens" in record else 1 + record["memory_tokens"]
     if method.parallel and task.get("max_context_tokens"):
         read = min(read, 1 + task["max_context_tokens"])
     asked = plugin_of(json.dumps({**task, "subsets": [record["subset"]]} if "subset" in record and "subsets" in task
                                  else task, sort_keys=True), "task")
-    header = formation_header(tokenizer, config["formation"], config["prompt"])
 
     def prompt(after_sink: bool) -> int:
         """As Session reads it: after the memory's sink, what follows the header the sink holds; else whole."""
@@ -88,9 +88,10 @@ def with_beyond_window(config: dict, records: list[dict]) -> list[dict]:
     window, tokenizer = model_window(config)
     if window is None:
         return records
+    header = formation_header(tokenizer, config["formation"], config["prompt"])     # one run's: the same for all
     try:
-        return [{**r, "beyond_window": max(read_positions(config, r, tokenizer) - window, 0)} if unmarked(r) else r
-                for r in records]
+        return [{**r, "beyond_window": max(read_positions(config, r, tokenizer, header) - window, 0)}
+                if unmarked(r) else r for r in records]
     except ConfigError:             # the task's own files (LongBench's templates) are not where its config says
         return records
 
