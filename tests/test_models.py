@@ -60,3 +60,54 @@ def test_a_cpu_load_leaves_the_environment_as_it_was_and_still_groups_sdpa_heads
     attentions(model)[0].register_forward_pre_hook(lambda module, args: seen.append(os.environ.get(SDPA_GROUPED)))
     model(input_ids=torch.tensor([[1, 5, 7]]))
     assert seen == ["1"] and dict(os.environ) == before
+
+
+def _fake_split(tmp_path, monkeypatch, contents):
+    """Part packages like the Qwen2.5-Coder ones (fake_part1..n, each data/partNN.bin) on sys.path, and the
+    SplitGGUF that pins the sha256 of their joined content."""
+    import hashlib
+
+    from harness.models import SplitGGUF
+
+    for i, content in enumerate(contents, 1):
+        data = tmp_path / "site" / f"fake_part{i}" / "data"
+        data.mkdir(parents=True)
+        (data.parent / "__init__.py").write_text("")
+        (data / f"part{i:02d}.bin").write_bytes(content)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("MEMDEFRAG_CACHE", str(tmp_path / "cache"))
+    packages = tuple(f"fake_part{i}" for i in range(1, len(contents) + 1))
+    return SplitGGUF("fake", "fake.gguf", packages, "pip install fake-part1 fake-part2",
+                     hashlib.sha256(b"".join(contents)).hexdigest())
+
+
+def test_split_gguf_parts_are_joined_in_order_once_and_verified(tmp_path, monkeypatch):
+    split = _fake_split(tmp_path, monkeypatch, [b"GGUF first half ", b"second half"])
+    joined = split.path()
+    assert joined.read_bytes() == b"GGUF first half second half"
+    assert split.path() == joined and joined.parent == tmp_path / "cache" / "gguf"
+
+
+def test_a_damaged_part_is_refused_in_one_line_and_leaves_nothing_in_the_cache(tmp_path, monkeypatch):
+    from harness.errors import ConfigError
+
+    split = _fake_split(tmp_path, monkeypatch, [b"GGUF first half ", b"second half"])
+    (tmp_path / "site" / "fake_part2" / "data" / "part02.bin").write_bytes(b"second halF")     # one byte flipped
+    with pytest.raises(ConfigError) as refused:
+        split.path()
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("model=fake: its joined parts have sha256 ")
+    assert f"not the pinned {split.sha256}" in line and "nothing was loaded" in line
+    assert line.endswith("Reinstall: pip install fake-part1 fake-part2")
+    assert not [p for p in (tmp_path / "cache" / "gguf").iterdir() if not p.name.endswith(".lock")]
+
+
+def test_a_missing_part_package_names_the_install_command(tmp_path, monkeypatch):
+    from harness.errors import ConfigError
+    from harness.models import QWEN25_CODER
+
+    split = _fake_split(tmp_path, monkeypatch, [b"a", b"b"])
+    missing = type(split)("fake", "fake.gguf", (*split.packages, "fake_part_absent"), split.install, split.sha256)
+    with pytest.raises(ConfigError, match=r"^this embedded model needs the package fake-part-absent: pip install fake-part1 fake-part2$"):
+        missing.path()
+    assert QWEN25_CODER["qwen25_coder_15b"].install == "make setup-qwen25-coder-15b"
