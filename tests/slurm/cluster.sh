@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # A single-node SLURM with accounting, for the suite's `slurm` tests: tests/slurm/cluster.sh start|stop.
 # Root on Debian, no systemd: installs slurm-wlm, munge and MariaDB if missing, writes /etc/slurm/*.conf,
-# starts munged, mariadbd, slurmdbd, slurmctld and slurmd, and waits (bounded) for an idle node and sacct.
+# starts munged, mariadbd, slurmdbd, slurmctld and a slurmd per node, and waits (bounded) for idle nodes and sacct.
 # start is idempotent (a SLURM that answers is left as it is); stop ends exactly the daemons start started.
-# The node has one fake GPU (gres File=/dev/null) so GPU requests schedule on a CPU machine.
+# Two nodes on this one machine, each offered all of it: <host> alone in partition cpu (no GPU, as a CPU-only
+# cluster) and <host>-gpu alone in partition gpu, with one fake GPU (gres File=/dev/null) so GPU requests
+# schedule on a CPU machine. Both partitions have a time limit (MaxTime), as clusters have.
 set -euo pipefail
 STATE=/run/memdefrag-slurm              # pid files and logs of what this script started
 STARTED=$STATE/started                  # "name pid" per daemon this script started, in start order
@@ -22,12 +24,19 @@ until_up() {
     done
 }
 
-node_idle() { [[ $(timeout 10 sinfo -h -N -o %T 2>/dev/null) == idle* ]]; }
+MAX_TIME=2-00:00:00                     # each partition's time limit (2 days)
 
-# launch <name> <pidfile> <command...>: run a daemon unless one of that name runs; record it if started here
+# every node idle (sinfo lists each node once per partition)
+node_idle() { local states; states=$(timeout 10 sinfo -h -N -o %T 2>/dev/null) && [[ -n $states ]] &&
+    ! grep -qv '^idle' <<< "$states"; }
+
+# launch <name> <pidfile> <command...>: run a daemon unless one runs whose command line is <command...>
+# (slurmd: one per node) or, for the others, whose name is <name>; record it if started here
 launch() {
     local name=$1 pidfile=$2; shift 2
-    if pgrep -x "$name" >/dev/null; then say "$name already running: left to whoever started it"; return; fi
+    if if [[ $name == slurmd ]]; then pgrep -xf "$*" >/dev/null; else pgrep -x "$name" >/dev/null; fi; then
+        say "$* already running: left to whoever started it"; return
+    fi
     "$@"
     local deadline=$((SECONDS + WAIT_S))
     until [[ -s $pidfile ]]; do
@@ -60,11 +69,11 @@ SlurmctldHost=$host
 SlurmUser=slurm
 AuthType=auth/munge
 StateSaveLocation=/var/lib/slurm/slurmctld
-SlurmdSpoolDir=/var/lib/slurm/slurmd
+SlurmdSpoolDir=/var/lib/slurm/slurmd-%n
 SlurmctldPidFile=$STATE/slurm/slurmctld.pid
-SlurmdPidFile=$STATE/slurm/slurmd.pid
+SlurmdPidFile=$STATE/slurm/slurmd-%n.pid
 SlurmctldLogFile=$STATE/slurm/slurmctld.log
-SlurmdLogFile=$STATE/slurm/slurmd.log
+SlurmdLogFile=$STATE/slurm/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -78,9 +87,10 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 JobAcctGatherType=jobacct_gather/none
 GresTypes=gpu
-$node Gres=gpu:1 State=UNKNOWN
-PartitionName=cpu Nodes=$host Default=YES MaxTime=INFINITE State=UP
-PartitionName=gpu Nodes=$host MaxTime=INFINITE State=UP
+$node State=UNKNOWN
+${node/NodeName=$host /NodeName=$host-gpu NodeHostname=$host-gpu NodeAddr=127.0.0.1 Port=6820 } Gres=gpu:1 State=UNKNOWN
+PartitionName=cpu Nodes=$host Default=YES MaxTime=$MAX_TIME State=UP
+PartitionName=gpu Nodes=$host-gpu MaxTime=$MAX_TIME State=UP
 CONF
     printf '%s\nName=gpu File=/dev/null\n' "$MARK" > /etc/slurm/gres.conf
     cat > /etc/slurm/slurmdbd.conf <<CONF
@@ -122,8 +132,11 @@ start() {
     launch slurmdbd "$STATE/slurm/slurmdbd.pid" /usr/sbin/slurmdbd
     until_up "slurmdbd" sacctmgr -n list cluster
     launch slurmctld "$STATE/slurm/slurmctld.pid" /usr/sbin/slurmctld
-    launch slurmd "$STATE/slurm/slurmd.pid" /usr/sbin/slurmd
-    until_up "the node (sinfo: idle)" node_idle
+    local name
+    for name in "$(hostname -s)" "$(hostname -s)-gpu"; do
+        launch slurmd "$STATE/slurm/slurmd-$name.pid" /usr/sbin/slurmd -N "$name"
+    done
+    until_up "the nodes (sinfo: idle)" node_idle
     until_up "sacct" sacct -n -X
     say "SLURM up in $((SECONDS - t1)) s ($((SECONDS - t0)) s with packages and configs); logs in $STATE"
 }
