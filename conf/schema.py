@@ -34,6 +34,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from harness.errors import ConfigError
 from harness.models import ModelSpec
+from harness.results import folder_name
 from harness.runner import Backend
 from methods.formation import Formation, Residence
 from methods.prompting import PromptStyle
@@ -118,9 +119,10 @@ class RunSchema:
 
 def register() -> None:
     """Store the run's schema and, for every YAML file of conf/ with a `_target_`, its plugin's; and the
-    `folder` resolver that makes a label a folder name (spaces as '+', as `memdefrag collect` names them)."""
+    `folder` resolver that makes a label a plain folder name (harness.results.folder_name, as `memdefrag collect`
+    names them)."""
     if not OmegaConf.has_resolver("folder"):
-        OmegaConf.register_new_resolver("folder", lambda label: str(label).replace(" ", "+"))
+        OmegaConf.register_new_resolver("folder", lambda label: folder_name(str(label)))
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunSchema)
     for path in sorted(CONF.glob("*/*.yaml")):

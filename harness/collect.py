@@ -2,7 +2,8 @@
 and rebuild RESULTS/README.md from everything there (`memdefrag report`).
 
 A run's folder is named by the label its tables print (harness.summary.run_labels: method, forgetting,
-compressor, then each other setting that differs between the runs collected together), spaces as '+'.
+compressor, then each other setting that differs between the runs collected together) made plain
+(harness.results.folder_name: its plain words, and a short digest of the label where it names a setting).
 A destination that already holds a run of other settings is refused, before anything is copied: collecting
 never overwrites another run's results.
 """
@@ -17,7 +18,7 @@ from harness import report
 from harness.compare import config_key
 from harness.errors import ConfigError, OneLineParser
 from harness.outputs import inside, writable_folder
-from harness.results import atomic_write, read_config
+from harness.results import atomic_write, folder_name, read_config
 from harness.summary import run_folders, run_labels
 
 FILES = ("config.yaml", "predictions.jsonl", "groups.jsonl", "metrics.csv", "run.json")
@@ -31,7 +32,7 @@ def destinations(runs: list[Path], into: Path) -> list[Path]:
     same = {config_key(folder, ()): folder for folder in present}
     configs = [OmegaConf.to_container(read_config(run)) for run in [*present, *runs]]
     labels = run_labels(configs)[len(present):]
-    places = [same.get(config_key(run, ())) or into / config["task"]["dataset"] / label.replace(" ", "+")
+    places = [same.get(config_key(run, ())) or into / config["task"]["dataset"] / folder_name(label)
               for run, config, label in zip(runs, configs[len(present):], labels)]
     for run, place in zip(runs, places):
         if places.count(place) > 1:

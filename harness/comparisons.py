@@ -192,9 +192,8 @@ def peers_section(root, runs, figures) -> Section:
     table = pd.DataFrame([peer_row(row) for row in rows])
     table[f"vs {PEER_REFERENCE}"] = versus(rows, PEER_REFERENCE)
     claims = supported(root / "claims.yaml", "peers", keyed("peers", ((r.key, r.records) for r in rows)))
-    table = table.sort_values(["model", "dataset", "method"], kind="stable",     # by the sweep's option a label
-                              key=lambda c: c.str.split().str[0].map(order).fillna(len(order))   # begins with
-                              if c.name == "method" else c)
+    table["option"] = table["method"].str.split().str[0].map(order).fillna(len(order))   # the sweep's option
+    table = table.sort_values(["model", "dataset", "option", "method"]).drop(columns="option")   # a label begins with
     section.table = shown(table.set_index(["model", "dataset", "method"])).round(2)
     last = f"acc@{max(int(c[4:]) for c in table.columns if c.startswith('acc@'))}"
     ttft = next(c for c in table.columns if c.startswith("ttft"))

@@ -8,7 +8,10 @@ report reads them all alike.
   following;
 - run.json: how many records read past the window (harness/window_records.py);
 - metrics.csv: the task's metrics of the finished groups' records as this version computes them (intervals
-  included).
+  included);
+- the folder's name: a name that is not plain (brackets, commas, spaces, `=`: a label's settings, as older
+  versions named folders) renamed to harness.results.folder_name of it, refused in one line before anything moves
+  where that name is taken or a run is writing the folder.
 
 Nothing is guessed and no answer changes: a migrated folder reads as the same run, and migrating twice changes
 nothing.
@@ -24,7 +27,8 @@ from omegaconf import OmegaConf
 
 from harness.errors import ConfigError, OneLineParser
 from harness.plugins import build
-from harness.results import as_of_now, atomic_write, digest, metrics_table, read_config, read_jsonl, read_lines
+from harness.results import (RunLock, as_of_now, atomic_write, digest, folder_name, metrics_table, read_config,
+                             read_jsonl, read_lines)
 from harness.summary import run_folders
 from harness.window_records import summarize, with_beyond_window
 
@@ -96,11 +100,31 @@ def migrate(folder: Path) -> list[str]:
     return changed
 
 
+def rename_all(root: Path) -> dict[Path, Path]:
+    """Every run folder below `root` whose name is not plain renamed to folder_name of it; {old: new}. Refused,
+    before any folder moves, where a new name is taken (by a folder, or by two old names) or a run holds a
+    folder's lock (harness.results.RunLock names the holder)."""
+    moves = {f: f.with_name(folder_name(f.name)) for f in run_folders(root) if folder_name(f.name) != f.name}
+    for old, new in moves.items():
+        if new.exists() or list(moves.values()).count(new) > 1:
+            raise ConfigError(f"{old}: its plain name {new.name} is taken (by {new if new.exists() else 'another run'}"
+                              "): move one of them away, then migrate again")
+        if (old / ".lock").is_file():
+            RunLock(old).release()
+    for old, new in moves.items():
+        old.rename(new)
+    return moves
+
+
 def migrate_all(root: Path) -> dict[Path, list[str]]:
-    """Every run folder below `root` migrated; {folder: files rewritten} of those that changed."""
+    """Every run folder below `root` plainly named and migrated; {folder: what changed} of those that changed
+    (`renamed from OLD` where it was renamed, then the files rewritten)."""
     if not root.is_dir():
         raise ConfigError(f"{root}: no such folder (give the folder that holds the result folders)")
-    return {folder: changed for folder in run_folders(root) if (changed := migrate(folder))}
+    was = {new: old for old, new in rename_all(root).items()}
+    changes = {folder: ([f"renamed from {was[folder].name}"] if folder in was else []) + migrate(folder)
+               for folder in run_folders(root)}
+    return {folder: changed for folder, changed in changes.items() if changed}
 
 
 def main(argv: list[str] | None = None) -> None:

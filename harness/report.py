@@ -288,10 +288,11 @@ def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
              "rank and what ranked it, seconds per question")
     layers = Section("tab:locomo_layers", "LoCoMo: evidence session among the 2 densest (%) when traced at each "
                      "layer", missing="no runs yet: memdefrag experiment=locomo task.trace_layers=true")
-    chosen = sorted((r for r in runs if "tab:locomo" in r.tables), key=lambda r: (r.model, *baselines_first(r)))
+    chosen = [r for r in runs if "tab:locomo" in r.tables]
     if not chosen:
         return Section("tab:locomo", title, missing="no runs yet: memdefrag experiment=locomo"), layers
-    labels = labelled(chosen, "tab:locomo")
+    chosen, labels = zip(*sorted(zip(chosen, labelled(chosen, "tab:locomo")),
+                                 key=lambda pair: (pair[0].model, *baselines_first(pair[0]), pair[1])))
     answered = [read_jsonl(run.folder / "predictions.jsonl") for run in chosen]
     records = [{**record, "run": f"{run.model} {protocol_of(run)}: {label}", "model": run.model, "method": label,
                 "protocol": protocol_of(run)}

@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import resource
 import socket
 import subprocess
@@ -111,6 +112,21 @@ class RunLock:
         if not self.handle.closed:
             fcntl.flock(self.handle, fcntl.LOCK_UN)
             self.handle.close()
+
+
+PLAIN_WORD = re.compile(r"[A-Za-z0-9_.@-]+")      # what a folder name may hold besides '+': nothing to quote
+
+
+def folder_name(label: str) -> str:
+    """A run folder's name from the label its tables print (`ape T=0.9 S=0.9+informativeness seed=43`): the label's
+    plain words joined by '+' and, where it has any other word (`name=value`, a list), '-' and 8 hex digits of the
+    label's sha256 (`ape+informativeness-4cad690e`): short, typeable, the same for the same label; the folder's
+    config.yaml says the rest. A plain label, and so any name this returns, is its own name."""
+    words = label.replace(" ", "+").split("+")
+    plain = [word for word in words if PLAIN_WORD.fullmatch(word)]
+    if len(plain) == len(words):
+        return "+".join(words)
+    return ("+".join(plain) or "run") + "-" + hashlib.sha256("+".join(words).encode()).hexdigest()[:8]
 
 
 def digest(lines: list[str]) -> str:

@@ -8,6 +8,7 @@ import pytest
 
 from harness.collect import collect
 from harness.errors import ConfigError
+from harness.results import folder_name
 from tests.test_report import fake_run
 
 STEPS = [{"group": 0, "step": s, "correct": s == 1, "target_rank": 1, "seconds": {"formation": 0.5}} for s in (1, 5)]
@@ -40,18 +41,32 @@ def test_a_place_taken_by_other_settings_is_refused_before_anything_is_copied(tm
     collect(tmp_path / "old", "retention", tmp_path / "results")          # the same run again: refreshed
 
 
-def test_a_run_told_apart_from_one_already_there_gets_the_setting_in_its_name(tmp_path):
-    """EPIC under formation=own_bos beside the EPIC already collected: its own folder, named by what differs;
-    the run already there is found again where it lies."""
+def test_a_run_told_apart_from_one_already_there_gets_a_plain_name_of_its_own(tmp_path):
+    """EPIC under formation=own_bos beside the EPIC already collected: its own folder, named by its label's plain
+    words and a digest of the label (`epic k=32 formation=own_bos`), no '=' or space; the run already there is
+    found again where it lies."""
     fake_run(tmp_path / "old" / "0", "Retention", "epic k=32", STEPS, dataset="synthetic")
-    collect(tmp_path / "old", "peers", tmp_path / "results")
+    assert collect(tmp_path / "old", "peers", tmp_path / "results") == [
+        tmp_path / "results" / "peers" / "synthetic" / "epic-4518ce4f"]
     fake_run(tmp_path / "new" / "0", "Retention", "epic k=32", STEPS, dataset="synthetic")
     config = tmp_path / "new" / "0" / "config.yaml"
     config.write_text(config.read_text().replace("formation: shared_sink", "formation: own_bos"))
     assert collect(tmp_path / "new", "peers", tmp_path / "results") == [
-        tmp_path / "results" / "peers" / "synthetic" / "epic+k=32+formation=own_bos"]
+        tmp_path / "results" / "peers" / "synthetic" / "epic-68f6384e"]
     assert collect(tmp_path / "old", "peers", tmp_path / "results") == [
-        tmp_path / "results" / "peers" / "synthetic" / "epic+k=32"]
+        tmp_path / "results" / "peers" / "synthetic" / "epic-4518ce4f"]
+
+
+@pytest.mark.parametrize("label, name", [
+    ("vanilla", "vanilla"), ("memdefrag_top2+informativeness+self_information@0.5",
+                             "memdefrag_top2+informativeness+self_information@0.5"),
+    ("ape T=0.9 S=0.9+informativeness", "ape+informativeness-2b096ba6"),
+    ("memdefrag_top2+informativeness memory_capacity=7900 prompt=chat categories=None protocol=locomo "
+     "questions=[2, 2, 2, 10, 2] trace_layers=False", "memdefrag_top2+informativeness-56e058b8"),
+    ("T=1", "run-407cabe5")])
+def test_a_folder_name_is_plain_short_and_its_own_name(label, name):
+    """A label's plain words kept, the rest a digest of the label; the older name (spaces as '+') gives the same."""
+    assert folder_name(label) == name == folder_name(name) == folder_name(label.replace(" ", "+"))
 
 
 def test_shards_of_one_run_are_sent_to_merge(tmp_path):

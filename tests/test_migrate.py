@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from harness.errors import ConfigError
 from harness.migrate import migrate_all, with_ranker
+from harness.results import RunLock
 from harness.report import write
 from tests.test_plugins import Passkey as IncompletePasskey
 from tests.test_report import fake_run
@@ -105,3 +106,50 @@ def test_migrate_is_a_command_of_its_own(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "harness", "migrate", str(tmp_path / "none")],
                              capture_output=True, text=True)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no such folder" in missing.stderr
+
+
+def test_a_folder_named_by_its_settings_gets_its_plain_name_and_a_second_migration_changes_nothing(tmp_path):
+    """As older versions named them (`epic+k=32+formation=own_bos`): renamed to the label's plain words and a digest
+    of the name, the files as they were; a plain name stays."""
+    fake_run(tmp_path / "peers" / "epic+k=32+formation=own_bos", "Retention", "epic k=32", STEPS)
+    fake_run(tmp_path / "locomo" / "vanilla+questions=[2,+2]", "Retention", "vanilla", STEPS)
+    fake_run(tmp_path / "peers" / "vanilla", "Retention", "vanilla", STEPS)
+    files = {p.relative_to(tmp_path).parts[::2]: p.read_text() for p in tmp_path.glob("*/*/*")}
+    changed = migrate_all(tmp_path)
+    assert {f.relative_to(tmp_path).as_posix(): c[0] for f, c in changed.items()} == {
+        "peers/epic-68f6384e": "renamed from epic+k=32+formation=own_bos",
+        "locomo/vanilla-69901919": "renamed from vanilla+questions=[2,+2]",
+        "peers/vanilla": "config.yaml"}
+    assert {p.relative_to(tmp_path).parts[::2]: p.read_text() for p in tmp_path.glob("*/*/*")
+            if p.name == "predictions.jsonl"} == {k: v for k, v in files.items() if k[1] == "predictions.jsonl"}
+    assert migrate_all(tmp_path) == {}
+
+
+def test_a_plain_name_taken_or_a_folder_being_written_is_refused_before_anything_moves(tmp_path):
+    fake_run(tmp_path / "epic+k=32", "Retention", "epic k=32", STEPS)
+    fake_run(tmp_path / "vanilla+seed=43", "Retention", "vanilla", STEPS)
+    fake_run(tmp_path / "epic-4518ce4f", "Retention", "epic k=64", STEPS)
+    with pytest.raises(ConfigError, match=r"^.*/epic\+k=32: its plain name epic-4518ce4f is taken \(by .*/epic-4518ce4f"
+                                          r"\): move one of them away, then migrate again$"):
+        migrate_all(tmp_path)
+    (tmp_path / "epic-4518ce4f" / "predictions.jsonl").unlink()      # no run there now: the name is free
+    shutil.rmtree(tmp_path / "epic-4518ce4f")
+    writer = RunLock(tmp_path / "vanilla+seed=43")
+    with pytest.raises(ConfigError, match=r"vanilla\+seed=43 is being written by another run \(pid \d+"):
+        migrate_all(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epic+k=32", "vanilla+seed=43"]
+    writer.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epic+k=32", "vanilla+seed=43"]
+    migrate_all(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epic-4518ce4f", "vanilla-2d6df079"]
+
+
+def test_hydra_names_a_run_folder_plainly(tmp_path):
+    """The run and sweep folders Hydra makes for a method whose label names its settings (`ape T=0.9 S=0.9`)."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module("conf", version_base="1.3"):
+        config = compose("config", overrides=["method=ape", "hydra.job.num=3"], return_hydra_config=True)
+    assert config.method.label == "ape T=0.9 S=0.9"
+    for folder in (config.hydra.run.dir, config.hydra.sweep.subdir):
+        assert folder.endswith("_ape-d8c38b7f_unbounded_synthetic") and not set("[], =") & set(folder)
