@@ -34,12 +34,14 @@ class Probe:
     (1-based) to probe, null = all n; one_position_per_group: group g probes only the
     (g mod len(positions))-th of them, for a probe whose placements are expensive (text memory
     on CPU) that still covers every position evenly over many groups; layers: 'all', 'band'
-    (floor(L/3)..ceil(L/2)) or a list; the rest as in the retention task."""
+    (floor(L/3)..ceil(L/2)) or a list; select_by: which row of the table `memdefrag tracer-sweep`
+    records (best_row); the rest as in the retention task."""
 
     tables = ("tab:retrieval_layers",)
     def __init__(self, dataset: Dataset = "nqa", data_dir: str | None = None, groups: int = 50,
                  fragments: int = 20, positions: list[int] | None = None, one_position_per_group: bool = False,
-                 layers: str | list[int] = "all", seed: int = 42, max_context_tokens: int = 512):
+                 layers: str | list[int] = "all", seed: int = 42, max_context_tokens: int = 512,
+                 select_by: str = "mean_rank"):
         if isinstance(layers, str):
             allowed = layers in ("all", "band")
         else:
@@ -50,10 +52,13 @@ class Probe:
         self.layers = layers
         if fragments < 2:
             raise ConfigError(f"task.fragments={fragments} must be >= 2 (a target and a distractor)")
-        self.positions = sorted(set(positions)) if positions else list(range(1, fragments + 1))
+        self.positions = sorted(set(positions)) if positions else range(1, fragments + 1)  # lazy: counted later
         if self.positions[0] < 1 or self.positions[-1] > fragments:
             raise ConfigError(f"task.positions={list(positions)} must lie in 1..task.fragments={fragments}")
         self.fragments, self.one_position_per_group = fragments, one_position_per_group
+        if select_by not in CRITERIA:
+            raise ConfigError(f"task.select_by={select_by!r} must be one of {list(CRITERIA)}")
+        self.select_by = select_by
         self.source = Retention(dataset, data_dir, groups, updates=fragments, seed=seed,
                                 max_context_tokens=max_context_tokens)
 
@@ -109,6 +114,18 @@ class Probe:
 
     def metrics(self, records: list[dict]) -> pd.DataFrame:
         return tracing_table(records)
+
+
+CRITERIA = ("mean_rank", *(f"top{k}" for k in TOP))
+
+
+def best_row(table: pd.DataFrame, select_by: str = "mean_rank") -> pd.Series:
+    """The tracing table's best (layer, query mode): the lowest mean rank (the paper's App. F), or the highest
+    Top-k tracing accuracy, which is what a Top-k method reads and can differ where a layer ranks the target
+    middling everywhere (ties: the lower mean rank, then the lower layer)."""
+    if select_by == "mean_rank":
+        return table.sort_values(["mean_rank", "layer"]).iloc[0]
+    return table.sort_values([select_by, "mean_rank", "layer"], ascending=[False, True, True]).iloc[0]
 
 
 def tracing_table(records: list[dict]) -> pd.DataFrame:

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 import conf  # noqa: F401 - registers the typed schemas the configs extend
 from conf import schema
+from evals.probe import best_row
 from harness import cache, catalog, collect, compare, migrate, report, shards, tracer_layers
 from harness.errors import OneLineParser, stops_on_config_error
 from harness.jobs import check_jobs
@@ -30,13 +31,15 @@ def tracer_sweep(cfg: DictConfig):
     """Probe the candidate layers, then record the best (layer, query mode) for the model."""
     with stops_on_config_error("memdefrag tracer-sweep"):
         table = run(cfg, HydraConfig.get().runtime.output_dir)
-    best = table.iloc[table["mean_rank"].idxmin()]
+    best = best_row(table, cfg.task.select_by)
     choice = {"tracer_layer": int(best["layer"]), "query_mode": str(best["query_mode"]),
               "mean_rank": round(float(best["mean_rank"]), 3), "top1": round(float(best["top1"]), 1),
+              "top2": round(float(best["top2"]), 1), "selected_by": cfg.task.select_by,
               "swept": tracer_layers.swept(cfg)}
     path = tracer_layers.record(cfg.model.name, choice)
     print(f"{cfg.model.name}: tracer_layer={choice['tracer_layer']} query_mode={choice['query_mode']} "
-          f"(mean rank {choice['mean_rank']}), recorded in {path}")
+          f"(mean rank {choice['mean_rank']}, Top-1 {choice['top1']} %, selected by {cfg.task.select_by}), "
+          f"recorded in {path}")
 
 
 def verify_cache(argv: list[str]) -> None:

@@ -393,6 +393,8 @@ COMMAND_CASES = {   # the other commands: argv -> what the one line says ({tmp}:
     "tracer-sweep of no layer": (["memdefrag", "tracer-sweep", "task.layers=[]"], "task.layers=[] must be layer"),
     "tracer-sweep of a negative layer": (["memdefrag", "tracer-sweep", "task.layers=[-1]"],
                                          "task.layers=[-1] must be layer indices"),
+    "tracer-sweep by an unknown criterion": (["memdefrag", "tracer-sweep", "task.select_by=top9"],
+                                             "task.select_by='top9' must be one of ['mean_rank', 'top1', "),
     "bench of more groups than the data holds": (["memdefrag-bench", "--data-dir", "{tmp}/nowhere", "--sizes", "5"],
                                                  "has no folder nqa/"),
     "bench of a huge memory": (["memdefrag-bench", "--dataset", "synthetic", "--sizes", "100000"],

@@ -119,3 +119,16 @@ def test_a_text_prefix_runs_only_what_changed_and_answers_as_a_fresh_one(family_
     torch.testing.assert_close(logits, TextPrefix(family_model).prefill(torch.cat([head, tail]), prompt)[0],
                                atol=1e-4, rtol=0)
     assert position == len(head) + len(tail) + len(prompt)
+
+
+def test_the_sweep_records_the_lowest_mean_rank_or_the_best_top_k_as_asked():
+    """Qwen2.5-Coder-0.5B's sweep in small: an early layer ranks the target middling everywhere (the lowest mean
+    rank, seldom first), a middle one puts it first often but far back otherwise."""
+    from evals.probe import best_row
+
+    records = [{"group": g, "layers": [3, 15], "ranks": {"mean": [4, rank], "last": [9, 9]}}
+               for g, rank in enumerate([1, 1, 1, 12, 15, 18])]
+    table = tracing_table(records)
+    assert best_row(table)["layer"] == 3                       # mean rank 4 against 8
+    chosen = best_row(table, "top1")
+    assert (chosen["layer"], chosen["query_mode"], chosen["top1"]) == (15, "mean", 50.0)
