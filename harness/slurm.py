@@ -1,14 +1,16 @@
 """Sweeps through hydra-submitit-launcher that say what happens: `hydra/launcher=slurm` (and `local`); the
 launchers Hydra finds are declared in hydra_plugins/memdefrag_launchers.
 
-Before anything is submitted, SLURM itself is asked whether it can place a job of the sweep (`sbatch
---test-only`): a bad partition or a request no node meets ends the command with one line naming what the
-partitions offer. The sweep goes in as one array job whose tasks are named `memdefrag:<run folder>`; while
-it runs, one status line per change (job id, pending reason, running and finished counts, the log folder).
-A job that fails raises in the job, so SLURM records it FAILED and submitit keeps its error; the command waits
-for every other job, writes the summary of what finished, then exits 2 with each failed job's own line, its
-job id and its log. Interrupted while waiting, it cancels its jobs. Rerunning the same command into the same
-hydra.sweep.dir resumes every run (harness.results keeps finished groups); so do requeued and timed-out jobs.
+Before anything is submitted, and before the sweep folder exists, SLURM itself is asked whether it can place
+a job of the sweep (`sbatch --test-only`): a bad partition, a time limit that leaves no time before SLURM's
+signal, or a request no node meets ends the command with one line naming what the partitions offer. The sweep
+goes in as one array job whose tasks are named `memdefrag:<run folder>`; while it runs, one status line per
+change (job id, SLURM's pending reason, running and finished counts, the log folder). A job that fails raises
+in the job, so SLURM records it FAILED and submitit keeps its error; the command waits for every other job,
+writes the summary of what finished, then exits 2 with each failed job's own line, its job id and its log.
+Interrupted while waiting, it cancels its jobs. Rerunning the same command into the same hydra.sweep.dir
+resumes every run (harness.results keeps finished groups); so do requeued jobs and jobs that reach their time
+limit (Requeue: requeued as long as each try finishes a group).
 """
 
 from __future__ import annotations
@@ -26,13 +28,17 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import OmegaConf, open_dict
+from submitit.core.job_environment import JobEnvironment, SignalHandler
+from submitit.core.utils import DelayedSubmission
 
 from harness.errors import ConfigError, stops_on_config_error
+from harness.results import read_jsonl
 from harness.summary import SweepSummary
 
 COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo")     # what submitting and waiting take
 POLL_S = 5                     # seconds between looks at the queue while waiting
 ASK_S = 30                     # the longest wait for one answer of sbatch, squeue or scontrol
+LOOK_S = 30                    # slurmctld looks at time limits every 30 s: its signal comes up to that much early
 MARK = "harness.slurm.JobFailed: "    # how a failed job's own line reads in the trace submitit keeps
 # states after which a job runs no more: SLURM's (a requeued job passes through PENDING instead), then local ones
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
@@ -53,14 +59,26 @@ def ask(*command: str, stdin: str | None = None) -> subprocess.CompletedProcess:
 
 
 def partitions() -> str:
-    """What each partition offers, for a message: `cpu (1 node, 2 CPUs, 24105 MB, gpu:1)`."""
-    rows = ask("sinfo", "-h", "-o", "%P|%D|%c|%m|%G").stdout.split()
+    """What each partition offers, for a message: `cpu (1 node, 2 CPUs, 24105 MB, gpu:1, time limit 2-00:00:00)`."""
+    rows = ask("sinfo", "-h", "-o", "%P|%D|%c|%m|%G|%l").stdout.split()
     return ", ".join(f"{p.rstrip('*')} ({n} node{'s' * (n != '1')}, {c} CPUs, {m} MB, "
-                     f"{'no GPUs' if g == '(null)' else g})" for p, n, c, m, g in (row.split("|") for row in rows))
+                     f"{'no GPUs' if g == '(null)' else g}, time limit {t})"
+                     for p, n, c, m, g, t in (row.split("|") for row in rows))
+
+
+def check_time(params: dict) -> None:
+    """A time limit SLURM's signal would fill (it comes signal_delay_s, and up to LOOK_S more, before the limit):
+    one line naming both settings. Whether one group fits what is left is known only in the job (Requeue)."""
+    limit, delay = 60 * params["timeout_min"], params["signal_delay_s"]
+    if limit <= delay + LOOK_S:
+        raise ConfigError(f"hydra.launcher.timeout_min={params['timeout_min']} leaves a job no time to run: SLURM "
+                          f"signals it to requeue hydra.launcher.signal_delay_s={delay} s (and up to {LOOK_S} s "
+                          f"more) before its limit of {limit} s; raise timeout_min or lower signal_delay_s")
 
 
 def check_request(script: str, params: dict) -> None:
     """Ask SLURM whether it can place a job of this sweep (partition, CPUs, memory, GPUs, time): one line if not."""
+    check_time(params)
     answer = ask("sbatch", "--test-only", stdin=script)
     if answer.returncode:
         said = (answer.stderr.strip() or answer.stdout.strip()).splitlines()   # an sbatch may say nothing
@@ -81,6 +99,39 @@ def job_error(err: Exception) -> str:
     return lines[rules[1] - 1] if len(rules) > 1 else lines[0]
 
 
+def said(state: str) -> str:
+    """A state as a status line says it: `pending (Resources)` (the reason as SLURM prints it)."""
+    word, space, reason = state.partition(" ")
+    return word.lower() + space + reason
+
+
+def finished_groups(groups: Path) -> int:
+    """How many groups a run has finished (its groups.jsonl)."""
+    return len(read_jsonl(groups)) if groups.is_file() else 0
+
+
+class Requeue(SignalHandler):
+    """In a SLURM job, SLURM's signal `signal_delay_s` before the time limit. A try that finished a group is
+    requeued, not counted as a timeout: the run resumes from its finished groups, so every try gets further, and
+    a sweep whose groups fit the limit ends by itself. A try that finished none fails in one line naming the
+    setting to raise: every later try would do the same. (A signal that is a preemption requeues as in submitit.)"""
+
+    def __init__(self, env: JobEnvironment, delayed: DelayedSubmission, groups: Path, params: dict):
+        super().__init__(env, env.paths, delayed)
+        self.groups, self.before, self.params = groups, finished_groups(groups), params
+
+    def has_timed_out(self) -> bool:
+        return super().has_timed_out() and finished_groups(self.groups) <= self.before
+
+    def checkpoint_and_try_requeue(self, signum: int, frame=None) -> None:
+        if self.has_timed_out():
+            raise JobFailed(f"SLURM signalled the time limit before a group finished (hydra.launcher.timeout_min="
+                            f"{self.params['timeout_min']}, less hydra.launcher.signal_delay_s="
+                            f"{self.params['signal_delay_s']} s and up to {LOOK_S} s more, less loading the model); "
+                            f"every try would end so: raise hydra.launcher.timeout_min")
+        super().checkpoint_and_try_requeue(signum, frame)
+
+
 class Waiting(submitit_launcher.BaseSubmititLauncher):
     """The shared part: submit one array, wait for every job with a status line per change, report failures."""
 
@@ -90,7 +141,7 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
         ret = super().__call__(*args)
         if ret.status == JobStatus.FAILED:
             err = ret._return_value
-            raise JobFailed(str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}")
+            raise JobFailed(str(err) if isinstance(err, (ConfigError, JobFailed)) else f"{type(err).__name__}: {err}")
         return ret
 
     def executor(self):
@@ -106,9 +157,6 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
                                       if k not in init})
         return executor
 
-    def preflight(self, executor) -> None:
-        """Checks before anything is submitted (SLURM: can it place the jobs)."""
-
     def named(self, jobs, folders: list[str]) -> None:
         """Give each job its run's name where the scheduler shows names (SLURM)."""
 
@@ -119,12 +167,11 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
     def launch(self, job_overrides, initial_job_idx: int) -> list[JobReturn]:
         """Check, submit every run as one array, say where each goes, wait, and return their results."""
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        with stops_on_config_error("memdefrag"):
-            executor = self.executor()
-            self.preflight(executor)
+        executor = self.executor()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         nums = range(initial_job_idx, initial_job_idx + len(job_overrides))
         folders = [self.run_folder(list(o), num) for o, num in zip(job_overrides, nums)]
+        self.runs = {num: str(sweep_dir / folder) for num, folder in zip(nums, folders)}     # for the jobs
         jobs = executor.map_array(self, [list(o) for o in job_overrides], ["hydra.sweep.dir"] * len(nums), list(nums),
                                   [f"job_id_for_{num}" for num in nums], [Singleton.get_state()] * len(nums))
         logs = Path(jobs[0].paths.folder).parent
@@ -147,23 +194,27 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
         not coming); a status line per change. Returns the last state of each job still without a result.
         Interrupted (Ctrl-C, SIGTERM), cancel the jobs, so none stays queued behind a command that is gone."""
         previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-        said, ended = None, False
+        last, ended, since = None, False, None
         array = jobs[0].job_id.split("_")[0]
         try:
             while True:
                 waiting = [job for job in jobs if not job.paths.result_pickle.exists()]
                 states = self.states(waiting) if waiting else {}
                 counts = sorted(Counter(states.values()).items())
-                line = ", ".join([*(f"{n} {state.lower()}" for state, n in counts),
+                line = ", ".join([*(f"{n} {said(state)}" for state, n in counts),
                                   f"{len(jobs) - len(waiting)} of {len(jobs)} done"])
-                if line != said:
+                # a job just (re)queued is PENDING without a reason until SLURM's next pass: the line waits for it
+                bare = "PENDING" in states.values()
+                since = (since or time.monotonic()) if bare else None
+                unexplained = bare and time.monotonic() < since + POLL_S
+                if line != last and not unexplained:
                     print(f"[{time.strftime('%H:%M:%S')}] job {array}: {line}; logs in {logs}", flush=True)
-                    said = line
+                    last = line
                 now_ended = all(state.split()[0] in ENDED for state in states.values())
                 if not waiting or ended and now_ended:
                     return states
                 ended = now_ended
-                time.sleep(1 if ended else POLL_S)
+                time.sleep(1 if ended or unexplained else POLL_S)
         except KeyboardInterrupt:
             for job in jobs:
                 job.cancel(check=False)
@@ -192,9 +243,22 @@ class Slurm(Waiting):
     """hydra/launcher=slurm's part. gpus_per_node null: one GPU per job, none for a CPU model (model.device=cpu)."""
 
     def setup(self, **kwargs) -> None:
+        """Settle gpus_per_node and check the request: before Hydra makes the sweep folder, so a refused request
+        leaves nothing behind."""
         super().setup(**kwargs)
         if self.params.get("gpus_per_node") is None:
             self.params["gpus_per_node"] = 0 if str(self.config.model.device) == "cpu" else 1
+        with stops_on_config_error("memdefrag"):
+            check_request(self.executor()._executor._make_submission_file_text("true", "preflight"), self.params)
+
+    def __call__(self, *args) -> JobReturn:
+        """In the job: SLURM's signal before the time limit goes to Requeue (args[2]: the run's number)."""
+        env = JobEnvironment()
+        delayed = DelayedSubmission(self, *args)
+        delayed.set_timeout(self.params["timeout_min"], 0)
+        handler = Requeue(env, delayed, Path(self.runs[args[2]]) / "groups.jsonl", self.params)
+        signal.signal(env._usr_sig(), handler.checkpoint_and_try_requeue)
+        return super().__call__(*args)
 
     def executor(self):
         missing = [command for command in COMMANDS if shutil.which(command) is None]
@@ -202,9 +266,6 @@ class Slurm(Waiting):
             raise ConfigError(f"hydra/launcher=slurm: no `{missing[0]}` on this machine; submit from a SLURM login "
                               "node, or run the sweep here with hydra/launcher=local")
         return super().executor()
-
-    def preflight(self, executor) -> None:
-        check_request(executor._executor._make_submission_file_text("true", "preflight"), self.params)
 
     def named(self, jobs, folders: list[str]) -> None:
         for job, folder in zip(jobs, folders):

@@ -6,6 +6,7 @@ final metrics lets an interrupted run count for the groups it finished.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -13,8 +14,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from evals.stats import wilson
-from harness.errors import OneLineParser
-from harness.results import as_of_now, flattened, read_jsonl
+from harness.errors import ConfigError, OneLineParser
+from harness.results import as_of_now, flattened, read_config, read_jsonl
 
 
 # settings a run's label already says, or that do not make it another run
@@ -30,10 +31,15 @@ def run_folders(*roots: str | Path) -> list[Path]:
 
 def records_of(folders: list[Path]) -> pd.DataFrame:
     """Every answer of the runs in `folders` that answer questions per step (not e.g. probes),
-    labelled with its dataset and run: method, forgetting, and any other setting that varies."""
+    labelled with its dataset and run: method, forgetting, and any other setting that varies. A folder whose
+    config.yaml cannot be read is left out, with one line on stderr saying why."""
     runs = []
     for folder in folders:
-        config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"))
+        try:
+            config = OmegaConf.to_container(read_config(folder))
+        except ConfigError as err:
+            print(f"memdefrag: summary: {err}; its run is left out", file=sys.stderr)
+            continue
         records = read_jsonl(folder / "predictions.jsonl")
         if records and {"correct", "step"} <= records[0].keys():
             runs.append((config, records))
@@ -112,6 +118,11 @@ def metrics_of(*roots: str | Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def markdown(table: pd.DataFrame) -> str:
+    """A summary table as Markdown: each level of its index a column of its own (dataset, step), not a tuple."""
+    return (table.reset_index() if isinstance(table.index, pd.MultiIndex) else table).to_markdown(index=False)
+
+
 class SweepSummary(Callback):
     def on_multirun_end(self, config, **kwargs) -> None:
         """Accuracy per step where the runs ask at steps; otherwise every run's metrics, one table."""
@@ -123,7 +134,7 @@ class SweepSummary(Callback):
             table, what = metrics_of(sweep_dir), "Metrics per run"
         if table.empty:
             return
-        (sweep_dir / "summary.md").write_text(table.to_markdown() + "\n")
+        (sweep_dir / "summary.md").write_text(markdown(table) + "\n")
         (table if tidy is None else tidy).to_csv(sweep_dir / "summary.csv", index=tidy is None)
         print(f"\n{what}, {sweep_dir}:\n{table.to_string()}")
 
@@ -140,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     table = sweep_table(*args.folders)
     print(table.to_string())
     if args.markdown:
-        Path(args.markdown).write_text(table.to_markdown() + "\n")
+        Path(args.markdown).write_text(markdown(table) + "\n")
     if args.plot:
         accuracy_curves(table, args.plot)
 

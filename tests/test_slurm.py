@@ -1,8 +1,9 @@
-"""Sweeps submitted to a real SLURM (tests/slurm/cluster.sh start: one node, partitions cpu and gpu, accounting):
-the same answers as without a launcher, resumed after a requeue and after a time limit with every line once, a
-job failing inside reported in one line after the others finished, a request SLURM cannot place refused before
-anything is submitted. Marked `slurm`: skipped where sbatch does not answer, except under CI (CI=true), where
-that is a failure. Runs are on the tiny checkpoint, on CPU."""
+"""Sweeps submitted to a real SLURM (tests/slurm/cluster.sh start: partitions cpu, CPU-only, and gpu, with a fake
+GPU; accounting): the same answers as without a launcher, docs/slurm.md's CPU-cluster command as written, resumed
+after a requeue and through the requeues of the shortest time limit with every line once, a job failing inside
+reported in one line after the others finished, a request SLURM cannot place or a time limit SLURM's signal would
+fill refused before anything is submitted or made. Marked `slurm`: skipped where sbatch does not answer, except
+under CI (CI=true), where that is a failure. Runs are on the tiny checkpoint, on CPU."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from harness.errors import ConfigError
 from harness.results import read_jsonl
 from harness.slurm import check_request
 from tests.conftest import tiny_overrides
+from tests.test_docs import ROOT, blocks, command_lines
 
 ON_CPU = ["hydra/launcher=slurm", "hydra.launcher.partition=cpu", "hydra.launcher.cpus_per_task=1",
           "hydra.launcher.mem_gb=1"]
@@ -142,6 +145,27 @@ def test_a_sweep_through_slurm_answers_as_the_same_sweep_without_a_launcher(tmp_
     assert same.returncode == 0, same.stdout + same.stderr
 
 
+def documented(partition: str) -> list[str]:
+    """The words after `memdefrag` of docs/slurm.md's command for hydra.launcher.partition=<partition>."""
+    return next(words[1:] for _, _, language, code in blocks("docs/slurm.md") if language == "bash"
+                for words, _ in command_lines(code)
+                if words[0] == "memdefrag" and f"hydra.launcher.partition={partition}" in words)
+
+
+@on_slurm
+def test_the_documented_cpu_cluster_command_runs_as_written(tmp_path, tiny_checkpoint):
+    """docs/slurm.md's command for a cluster without GPUs, on cluster.sh's CPU-only partition, as written (on the
+    tiny checkpoint, into a temporary sweep folder): both runs end. Two CPUs a run on a 2-CPU node: one waits its
+    turn, and the status lines say SLURM's reason, from the first line on."""
+    words = [w for w in documented("cpu") if not w.startswith("hydra.sweep.dir=")]
+    sweep = tmp_path / "smollm2-cpu"
+    done = memdefrag(tmp_path, *words, *sweep_args(tiny_checkpoint, sweep)[1:])
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = re.findall(r"^\[[\d:]+\] job \d+: (.*); logs in ", done.stdout, re.MULTILINE)
+    assert re.match(r"1 pending \((Resources|Priority)\), 1 running, 0 of 2 done$", status[0]), done.stdout
+    assert status[-1] == "2 of 2 done" and (sweep / "summary.md").is_file()
+
+
 @on_slurm
 def test_a_requeued_job_resumes_with_every_line_once(tmp_path, tiny_checkpoint):
     """`scontrol requeue` after the first group: the job runs again, keeps the groups it finished, and its run
@@ -171,33 +195,73 @@ def test_a_requeued_job_resumes_with_every_line_once(tmp_path, tiny_checkpoint):
     assert same.returncode == 0, same.stdout + same.stderr
 
 
+SHORTEST = ["hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=5"]   # SLURM's shortest limit: 1 minute
+
+
 @on_slurm
-def test_a_job_that_reaches_its_time_limit_is_requeued_and_resumes(tmp_path, tiny_checkpoint):
-    """A real time limit (2 min, the shipped max_num_timeout): SLURM signals the job a minute before it (at 30-60 s:
-    SLURM looks every 30 s; not sooner, while the job still unpickles its function), submitit requeues it, the run
-    resumes and ends with the lines an uninterrupted run writes per group, each once. The run is sized to outlast
-    the signal on this machine: 60 s at the seconds per group of an uninterrupted run."""
+def test_a_sweep_under_the_shortest_time_limit_ends_by_itself_through_requeues(tmp_path, tiny_checkpoint):
+    """A 1-minute limit on a run of about a minute and a half of groups (each a second or two): SLURM signals every
+    try 5-35 s before its limit, each try finishes groups and is requeued, uncounted, until the run ends by
+    itself, with every line of the uninterrupted run once. SLURM holds each requeued try about two minutes
+    (PENDING (BeginTime)); wait_releasing lets it start at once, as the holds would make up most of the wall time."""
     per_group, lines_per_group = measured(tmp_path, tiny_checkpoint, tokens=LONG_ANSWERS)
-    groups = max(16, math.ceil(60 / per_group))
-    assert groups <= 100, f"{per_group:.2f} s a group: the synthetic set's 100 groups of 3 updates last under 60 s"
+    groups = min(100, math.ceil(90 / per_group))
     sweep = tmp_path / "slurm"
     proc = subprocess.Popen([sys.executable, "-m", "harness", *sweep_args(
-        tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, "hydra.launcher.timeout_min=2",
-        "hydra.launcher.signal_delay_s=60", groups=groups, tokens=LONG_ANSWERS)], cwd=tmp_path, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, *SHORTEST, groups=groups, tokens=LONG_ANSWERS)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job = job_of(sweep, proc)
-    out, err = wait_releasing(proc, job)
-    assert proc.returncode == 0, err
+    out, err = wait_releasing(proc, job, timeout=900)
+    assert proc.returncode == 0, out + err
     log = (sweep / ".submitit" / job / f"{job}_0_log.err").read_text()
-    assert "this job is timed-out" in log, log
-    outlog = (sweep / ".submitit" / job / f"{job}_0_log.out").read_text()
-    resumed = resumed_at(outlog, groups)
-    assert resumed and resumed == sorted(resumed) and 1 <= resumed[0] < groups, outlog
-    records = read_jsonl(sweep / RUN / "predictions.jsonl")
-    per_group = {group: sum(r["group"] == group for r in records) for group in range(groups)}
-    assert len(records) == groups * lines_per_group and set(per_group.values()) == {lines_per_group}
-    print(f"timed out and resumed after {resumed} of {groups} groups: {len(records)} lines, uninterrupted "
-          f"{groups} x {lines_per_group:g}")
+    tries = log.count("Caught signal SIGUSR2")        # each time a try met the limit and was requeued
+    assert tries >= 1, log
+    resumed = resumed_at((sweep / ".submitit" / job / f"{job}_0_log.out").read_text(), groups)
+    assert len(resumed) == tries and resumed == sorted(set(resumed)) and resumed[0] >= 1, resumed
+    plain = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, tmp_path / "plain", "method=memdefrag_top2",
+                                            groups=groups, tokens=LONG_ANSWERS))
+    assert plain.returncode == 0, plain.stderr
+    lines = [len((folder / RUN / "predictions.jsonl").read_text().splitlines()) for folder in (sweep, tmp_path / "plain")]
+    per_group_lines = Counter(record["group"] for record in read_jsonl(sweep / RUN / "predictions.jsonl"))
+    assert lines[0] == lines[1] == groups * lines_per_group and set(per_group_lines.values()) == {lines_per_group}
+    assert len(per_group_lines) == finished_groups(sweep / RUN) == groups
+    print(f"1-minute limit: {tries} requeues, resumed after {resumed} of {groups} groups: {lines[0]} lines, "
+          f"uninterrupted {lines[1]}")
+    same = memdefrag(tmp_path, "compare", str(tmp_path / "plain"), str(sweep))
+    assert same.returncode == 0, same.stdout + same.stderr
+
+
+@on_slurm
+def test_a_group_longer_than_a_try_fails_at_the_first_time_limit_in_one_line(tmp_path, tiny_checkpoint):
+    """A group that cannot finish inside the 1-minute limit (answers of 6000 tokens, over a minute a group):
+    the first try's signal fails the job with one line naming the setting to raise, not a requeue loop."""
+    sweep = tmp_path / "slurm"
+    done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, *SHORTEST,
+                                           tokens=6000), timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    job = re.search(r"submitted 1 runs as slurm job (\d+)", done.stdout)[1]
+    assert done.stderr.splitlines() == [
+        f"memdefrag: error: job {job} ({RUN}): SLURM signalled the time limit before a group finished "
+        f"(hydra.launcher.timeout_min=1, less hydra.launcher.signal_delay_s=5 s and up to 30 s more, less loading the "
+        f"model); every try would end so: raise hydra.launcher.timeout_min; log: "
+        f"{sweep / '.submitit' / job / f'{job}_0_log.err'}",
+        f"memdefrag: 1 of 1 runs failed (0 finished, in {sweep}); rerun the same command to resume"], done.stderr
+    states = subprocess.run(["sacct", "-n", "-X", "-j", job, "-o", "State"], capture_output=True, text=True)
+    assert states.stdout.split() == ["FAILED"]
+
+
+@on_slurm
+def test_a_time_limit_the_signal_would_fill_is_refused_naming_signal_delay_s(tmp_path, tiny_checkpoint):
+    """timeout_min=1 with the shipped signal_delay_s (30 s, and SLURM's signal up to 30 s earlier): refused in one
+    line before anything is submitted or made."""
+    sweep = tmp_path / "slurm"
+    done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, sweep, "method=none", *ON_CPU,
+                                           "hydra.launcher.timeout_min=1"))
+    assert done.returncode == 2 and done.stderr == (
+        "memdefrag: error: hydra.launcher.timeout_min=1 leaves a job no time to run: SLURM signals it to requeue "
+        "hydra.launcher.signal_delay_s=30 s (and up to 30 s more) before its limit of 60 s; raise timeout_min or "
+        "lower signal_delay_s\n"), done.stderr
+    assert not sweep.exists()
 
 
 @pytest.mark.parametrize("launcher", [pytest.param("slurm", marks=pytest.mark.slurm), "local"])
@@ -211,8 +275,9 @@ def test_a_job_failing_inside_ends_the_command_with_its_line_after_the_others(tm
     sweep = tmp_path / launcher
     broken = sweep / "1_memdefrag_top2_unbounded_synthetic"
     broken.mkdir(parents=True)
-    (broken / "config.yaml").write_text(": [\n")
+    (broken / "config.yaml").write_text(": [\n")     # docs/slurm.md's example: a run's config.yaml corrupted
     (broken / "groups.jsonl").write_text("")
+    (broken / "predictions.jsonl").write_text("")      # a run folder the summary reads
     done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, sweep, "method=none,memdefrag_top2",
                                            *(ON_CPU if launcher == "slurm" else ["hydra/launcher=local"])))
     assert done.returncode == 2, done.stdout + done.stderr
@@ -220,6 +285,8 @@ def test_a_job_failing_inside_ends_the_command_with_its_line_after_the_others(tm
     job = next(job for job, folder in jobs.items() if folder == broken.name)
     log = sweep / ".submitit" / job / f"{job}_0_log.err"
     assert done.stderr.splitlines() == [
+        f"memdefrag: summary: {broken / 'config.yaml'} cannot be read (while "
+        f"parsing a block mapping); its run is left out",
         f"memdefrag: error: job {job} ({broken.name}): {broken} holds results but "
         f"{broken / 'config.yaml'} cannot be read (while parsing a block mapping); choose another output folder, "
         f"or pass resume=false to start it over; log: {log}",
@@ -236,16 +303,20 @@ def test_a_job_failing_inside_ends_the_command_with_its_line_after_the_others(tm
 @pytest.mark.parametrize("request_, refusal", [
     ("hydra.launcher.partition=nope", "Invalid partition name specified"),
     ("hydra.launcher.cpus_per_task=100000", "More processors requested than permitted"),   # and 0 GPUs: a CPU model
-    ("hydra.launcher.gpus_per_node=2", "Requested node configuration is not available")])
+    ("hydra.launcher.gpus_per_node=1", "Requested node configuration is not available"),     # cpu has no GPU
+    ("hydra.launcher.timeout_min=2881", "Requested time limit is invalid (missing or exceeds some limit)")])
 def test_a_request_slurm_cannot_place_is_one_line_before_anything_is_submitted(tmp_path, tiny_checkpoint, request_,
                                                                                refusal):
+    """One line naming the request and what each partition offers, its time limit included (cluster.sh: 2 days,
+    2880 min); nothing submitted, no sweep folder made."""
     sweep = tmp_path / "slurm"
     done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, sweep, "method=none,memdefrag_top2", *ON_CPU, request_))
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith(f"memdefrag: error: SLURM refuses the request ({refusal}): ")
     assert request_ in done.stderr and ("gpus" in request_ or "hydra.launcher.gpus_per_node=0 " in done.stderr)
-    assert "the partitions offer cpu (1 node, " in done.stderr
-    assert not (sweep / ".submitit").exists()
+    assert re.search(r"; the partitions offer cpu \(1 node, \d+ CPUs, \d+ MB, no GPUs, time limit 2-00:00:00\), "
+                     r"gpu \(1 node, \d+ CPUs, \d+ MB, gpu:1, time limit 2-00:00:00\)$", done.stderr), done.stderr
+    assert not sweep.exists()
 
 
 @on_slurm
@@ -274,4 +345,4 @@ def test_an_sbatch_refusing_without_a_word_is_still_one_line(monkeypatch):
                         lambda *command, stdin=None: subprocess.CompletedProcess(command, 1, "", ""))
     with pytest.raises(ConfigError, match=r"^SLURM refuses the request \(sbatch --test-only exited 1\): "
                                           r"hydra.launcher.partition=cpu "):
-        check_request("#!/bin/bash\n", {"partition": "cpu"})
+        check_request("#!/bin/bash\n", {"partition": "cpu", "timeout_min": 240, "signal_delay_s": 30})
