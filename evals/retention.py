@@ -50,7 +50,7 @@ class Retention:
         if eval_steps is not None and not eval_steps:
             raise ConfigError("task.eval_steps=[] asks at no step: list steps in 1..task.updates, "
                               "or null for every step")
-        steps = sorted(set(eval_steps)) if eval_steps else list(range(1, updates + 1))
+        steps = sorted(set(eval_steps)) if eval_steps else range(1, updates + 1)    # lazy: a count is checked later
         if steps[0] < 1 or steps[-1] > updates:
             raise ConfigError(f"task.eval_steps={list(eval_steps)} must lie in 1..task.updates={updates}")
         self.dataset, self.data_dir, self.n_groups, self.updates = dataset, data_dir, groups, updates

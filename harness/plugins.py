@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
+import os
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+import pandas as pd
+import yaml
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from harness.errors import ConfigError
+from methods.base import A_PLAN, Plan
+from methods.errors import returned
 from methods.prompting import read_prompt
 
 # What the harness uses of each kind of plugin (by config group) and how it calls it: a member and the arguments
@@ -29,6 +37,18 @@ CONTRACTS: dict[str, dict[str, tuple[str, ...] | None]] = {
     "compression": {"__call__": ("text", "model", "tokenizer"), "check": (), "describe": ()},
 }
 OPTIONS = {"task": ("dataset",)}       # options the harness reads from a kind's config node (run tags, tables)
+# What a member must return where the harness takes its value, and how to give it: checked against the member's
+# return annotation when the plugin is composed, against the value at its first use (methods.errors.returned).
+RETURNS: dict[str, dict[str, tuple[type, str]]] = {
+    "method": {"plan": (Plan, A_PLAN)},
+    "task": {"groups": (list, "a list of groups (shard=i/n takes every n-th): `return [...]`, not `yield`"),
+             "metrics": (pd.DataFrame, "a pandas DataFrame (the run's metrics.csv)"),
+             "describe": (dict, "a dict (run.json's `task`)")},
+}
+# What a record holds besides what the task adds: `group` always; `step` and `correct` where its questions are
+# asked after a number of stores or judged right or wrong (the report's step tables read both).
+RECORD_FIELDS = {"step": ((int,), "an integer (the fragments stored when it was asked)"),
+                 "correct": ((bool, type(None)), "a bool (None where the answer is not judged)")}
 
 
 def build(node: DictConfig, what: str, **kwargs):
@@ -45,7 +65,7 @@ def build(node: DictConfig, what: str, **kwargs):
         if option not in fields:
             raise ConfigError(f"{what} {cls.__name__} has no `{option}` option: the harness names each run by its "
                               f"{what}.{option} (give its constructor a `{option}` parameter)")
-    with refused(what):
+    with refused(what, f"{cls.__name__}()"):
         try:
             plugin = instantiate(fields, **kwargs)
         except Exception as err:  # noqa: BLE001 - Hydra wraps the constructor's ValueError
@@ -55,15 +75,24 @@ def build(node: DictConfig, what: str, **kwargs):
 
 
 @contextmanager
-def refused(what: str) -> Iterator[None]:
+def refused(what: str, member: str = "") -> Iterator[None]:
     """A plugin's ValueError or TypeError (its constructor's, its `check`'s) as one ConfigError line, prefixed
-    with its kind unless the message already starts with it (`method.k=0 ...`, `method mplus needs ...`)."""
+    with its kind unless the message already starts with it (`method.k=0 ...`, `method mplus needs ...`); a file
+    it cannot read (OSError) or a key its data lacks (LookupError) as one line naming its kind, the `member` that
+    raised it (`Passkey.check`) and the file or the key. MEMDEFRAG_DEBUG=1 shows the traceback instead."""
     try:
         yield
     except (ValueError, TypeError) as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
         named = message.startswith((f"{what}.", f"{what} ", f"{what}="))
         raise ConfigError(message if named else f"{what}: {message}") from None
+    except (OSError, LookupError) as err:
+        if os.environ.get("MEMDEFRAG_DEBUG"):
+            raise
+        cause = (f"cannot read {err.filename}: {err.strerror or type(err).__name__}"
+                 if isinstance(err, OSError) and err.filename else f"{type(err).__name__}: {err}")
+        raise ConfigError(f"{what} {member}: {cause} (a plugin's files and data are read before the run starts; "
+                          f"raise ValueError naming what is wrong)") from None
 
 
 def check_contract(plugin, what: str) -> None:
@@ -85,6 +114,28 @@ def check_contract(plugin, what: str) -> None:
                               f"{member}({', '.join(arguments)})") from None
         except ValueError:          # a builtin without a signature: taken as it is
             continue
+        expected, how = RETURNS.get(what, {}).get(member, (object, ""))
+        declared = return_type(found)
+        if isinstance(declared, type) and not issubclass(declared, expected):
+            raise ConfigError(f"{what} {name}.{member} is declared to return {declared.__name__}; the harness "
+                              f"needs {how}")
+
+
+def return_type(member) -> type | None:
+    """The class a member's return annotation names (its origin for `list[...]`, `Iterator[...]`); None where it
+    names none (no annotation, a union, a name that cannot be resolved)."""
+    try:
+        declared = typing.get_type_hints(member).get("return")
+    except Exception:  # noqa: BLE001 - an annotation that cannot be resolved says nothing to check
+        return None
+    return typing.get_origin(declared) or declared
+
+
+def checked(value, plugin, what: str, member: str):
+    """What a plugin's `member` returned, refused in one line where it is not what RETURNS says it must be."""
+    expected, how = RETURNS[what][member]
+    returned(value, expected, f"{what} {type(plugin).__name__}.{member}", how)
+    return value
 
 
 def answer_budget(task, run_budget: int) -> int:
@@ -130,11 +181,48 @@ def check_groups(groups: list, what: str = "task") -> None:
 
 
 def check_record(record, group: int, what: str = "task") -> None:
-    """Refuse a record the results cannot keep: a dict, with the `group` it answers (resume counts by it)."""
+    """Refuse a record the results cannot keep: a dict, with the `group` it answers (resume counts by it), its
+    RECORD_FIELDS of their types, that predictions.jsonl can hold."""
     if not isinstance(record, dict) or record.get("group") != group:
         found = record.get("group") if isinstance(record, dict) else type(record).__name__
         raise ConfigError(f"{what}: run_group yielded a record with group={found!r} for group {group}; each "
                           f"record must be a dict whose `group` is its group's index")
+    for field, (kinds, how) in RECORD_FIELDS.items():
+        value = record.get(field)
+        if field in record and (not isinstance(value, kinds) or field != "correct" and isinstance(value, bool)):
+            raise ConfigError(f"{what}: run_group yielded a record with {field}={value!r} (a {type(value).__name__}) "
+                              f"in group {group}; `{field}` must be {how}")
+    try:
+        json.dumps(record)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{what}: run_group yielded a record predictions.jsonl cannot hold in group {group} "
+                          f"({err}); give strings, numbers, lists and dicts") from None
+
+
+def check_first_record(task, record: dict, what: str = "task") -> bool:
+    """A run's first record read by its task's `metrics` at once, so a field they read that the records lack
+    stops the run at its first question, not after every group ran (one line naming the field)."""
+    try:
+        checked(task.metrics([record]), task, what, "metrics")
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the task's own code on its own record, said in one line
+        if os.environ.get("MEMDEFRAG_DEBUG"):
+            raise
+        raise ConfigError(f"{what} {type(task).__name__}.metrics cannot read its first record (group "
+                          f"{record['group']}, fields {', '.join(record)}): {type(err).__name__}: {err}; a record "
+                          f"must hold every field its metrics read") from None
+    return True
+
+
+def config_name(group: str, target: str, conf: Path = Path(__file__).resolve().parents[1] / "conf") -> str:
+    """The name a plugin is chosen by on the command line (`task=own_jsonl` for OwnJsonl): the YAML of
+    conf/<group> whose `_target_` is `target` (where several are, the one named as the class), else the class's
+    name in lower case."""
+    name = target.rsplit(".", 1)[-1].lower()
+    named = sorted(path.stem for path in (conf / group).glob("*.yaml")
+                   if (yaml.safe_load(path.read_text()) or {}).get("_target_") == target)
+    return min(named, key=lambda stem: stem.replace("_", "") != name, default=name)
 
 
 @functools.cache

@@ -35,13 +35,13 @@ from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
-import pandas as pd
 import torch
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.errors import ConfigError
+from harness.plugins import checked
 
 PACKAGES = ("torch", "transformers", "hydra-core", "wandb", "memdefrag")
 
@@ -304,10 +304,7 @@ def read_run_info(folder: Path) -> dict:
 
 def metrics_table(task, records: list[dict], label: str):
     """The task's metrics of `records`, labelled with the method."""
-    metrics = task.metrics(records)
-    if not isinstance(metrics, pd.DataFrame):
-        raise ConfigError(f"task {type(task).__name__}.metrics returned a {type(metrics).__name__}; it must return a "
-                          f"pandas DataFrame (the run's metrics.csv)")
+    metrics = checked(task.metrics(records), task, "task", "metrics")
     metrics.insert(0, "method", label)
     return metrics
 

@@ -20,9 +20,11 @@ from harness import selfcheck, shards
 from harness.errors import ConfigError
 from harness.formed import FormedFragments
 from harness.models import ModelSpec, check_source, load, one_line_cause
-from harness.plugins import answer_budget, build, check_groups, check_record, prompt_positions, refused
+from harness.plugins import (answer_budget, build, check_first_record, check_groups, check_record, checked,
+                             prompt_positions, refused)
 from harness.results import ResultFolder, flattened, metrics_table, peak_memory_mb, reset_peak_memory
 from methods.attention.decoder import num_layers
+from methods.compression.compressor import kept_count
 from methods.forgetting import CapacityError
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
@@ -82,7 +84,7 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
         raise ConfigError(f"backend={cfg.backend}: {named('method')} reads its memory with "
                           f"backend={' or '.join(method.backends)}")
     selfcheck.refuse_unsupported(BACKENDS[cfg.backend], model_config)
-    with refused("method"):
+    with refused("method", f"{type(method).__name__}.check"):
         method.check_model(model_config)
         method.check(num_layers(model_config))
     task = build(cfg.task, "task")
@@ -90,8 +92,9 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
         raise ConfigError(f"{named('method')} reads the fragments a task marks as holding the answer, and "
                           f"task {cfg.task._target_.rsplit('.', 1)[-1]} marks none: use a task that does "
                           f"(retention, distortion, longbench)")
-    with refused("task"):
+    with refused("task", f"{type(task).__name__}.check"):
         task.check()
+    with refused("task", f"{type(task).__name__}.check_model"):
         task.check_model(model_config, tokenizer)
     positions, budget = trained_window(model_config), answer_budget(task, cfg.max_new_tokens)
     if positions is not None and budget >= positions:
@@ -111,23 +114,27 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
                           f"{named('method')} recomputes memory tokens from their ids, which must be the same "
                           f"at every layer (use forgetting=random or informativeness)")
     compressor = build(cfg.compression, "compression")
-    with refused("compression"):
+    with refused("compression", f"{type(compressor).__name__}.check"):
         compressor.check()
-    with refused("task"):
-        found = task.groups(tokenizer)
+    with refused("task", f"{type(task).__name__}.groups"):
+        found = checked(task.groups(tokenizer), task, "task", "groups")
     groups = shards.select(found, shard)
     check_groups(groups)
-    if forgetting.capacity is not None:
-        texts = {text for group in groups for text in group.texts()}
-        longest = max(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts)
-        if longest > forgetting.capacity:
-            raise ConfigError(f"forgetting.capacity={forgetting.capacity} is smaller than a fragment of this task "
-                              f"({longest} tokens): raise model.memory_capacity or lower task.max_context_tokens")
+    rate = getattr(compressor, "rate", 1.0)
+    tokens = {text: kept_count(len(tokenizer(text, add_special_tokens=False)["input_ids"]), rate)
+              for group in groups for text in group.texts()}
+    longest = max(tokens.values(), default=0)
+    if forgetting.capacity is not None and longest > forgetting.capacity:
+        raise ConfigError(f"forgetting.capacity={forgetting.capacity} is smaller than a fragment of this task "
+                          f"({longest} tokens): raise model.memory_capacity or lower task.max_context_tokens")
+    most = max(((sum(tokens[t] for t in g.texts()), len(g.texts()), g.index) for g in groups), default=None)
+    stored = (most[0], f"task {type(task).__name__}: group {most[2]} stores {most[1]} fragments") \
+        if most and getattr(method, "reads_memory", True) else None
     header = formation_header(tokenizer, cfg.formation, cfg.prompt)     # the memory's sink holds it (shared_prefix)
     try:
         check_capacity(model_config, forgetting.capacity, len(sink_ids(tokenizer, header)),
                        prompt_positions(task, tokenizer, cfg.prompt, header), budget,
-                       cfg.allow_beyond_window, spec.name)
+                       cfg.allow_beyond_window, spec.name, stored)
     except WindowError as err:
         raise ConfigError(str(err)) from None
     return spec, method, task, forgetting, compressor, groups
@@ -196,6 +203,7 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
     if folder.rerun:
         log.warning("%s: groups %s had damaged, missing or doubled records on disk: they run again", run_dir,
                     folder.rerun)
+    read_one = False
     for group in tqdm([g for g in groups if g.index not in folder.done], desc=f"{label} groups", unit="group",
                       initial=len(folder.done), total=len(groups)):
         session = Session(model, tokenizer, backend, method.for_group(group.index), cfg.formation, cfg.prompt,
@@ -207,6 +215,8 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
                 for record in task.run_group(session, group):
                     check_record(record, group.index)
                     record.update(method=label, forgetting=cfg.forgetting.label, beyond_window=window.take())
+                    if not read_one:            # the run's first record, at once: can the task's metrics read it?
+                        read_one = check_first_record(task, record)
                     folder.add(record)
                     answered.append(record)
         except (CapacityError, WindowError) as err:

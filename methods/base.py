@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from methods.attention.parallel import parallel_attention
+from methods.errors import ConfigError, returned
 from methods.memory import LatentMemory
 
 
@@ -81,6 +82,25 @@ class Plan:
     reading: Reading = field(default_factory=Reading)
 
 
+A_PLAN = "a Plan (methods.base), e.g. Plan(latent=memory) to read the whole memory"
+
+
+def taken(plan, method, memory: LatentMemory) -> Plan:
+    """A method's plan as the session reads it: a Plan whose `read` names fragment ids of `memory` (memory.ids()),
+    those its latent view holds where it has one; otherwise one line naming the method. Indices into the memory
+    read as other fragments' ids, so a record would say the wrong fragments were read."""
+    where = f"method {type(method).__name__}.plan"
+    returned(plan, Plan, where, A_PLAN)
+    if plan.read is None:
+        return plan
+    held = memory.ids() if plan.latent is None else plan.latent.ids()
+    if sorted(plan.read) != sorted(held) if plan.latent is not None else not set(plan.read) <= set(held):
+        raise ConfigError(f"{where} returned Plan(read={list(plan.read)}) for a "
+                          f"{'latent view of fragments' if plan.latent is not None else 'memory of fragments'} "
+                          f"{held}; `read` takes the ids of the fragments read (memory.ids()), not their indices")
+    return plan
+
+
 class Method:
     """A method turns (memory, prompt) into a Plan; the session does the rest.
 
@@ -96,9 +116,12 @@ class Method:
     longest fragment's positions, not the memory's (a record's `used_tokens` counts the memory's).
     traces: it plans with a forward of the prompt over the whole memory (attention density), a read of every
     memory position besides the answer's.
+    reads_memory: it reads the memory at all (False: the no-memory borderline, whose stored memory no read
+    counts against the model's window).
     """
 
     needs_latent = True
+    reads_memory = True
     needs_targets = False
     backends = ("fast", "hidden_prefix")
     keeps_own_memory = False

@@ -14,6 +14,7 @@ class NoMemory(Method):
     """No memory at all: the paper's borderline."""
 
     needs_latent = False
+    reads_memory = False
 
     def plan(self, memory, prompt_ids, backend, question=Question()) -> Plan:
         return Plan()

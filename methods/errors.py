@@ -31,3 +31,10 @@ def number_in(key: str, value, low: float, high: float | None = None, why: str =
     if not fits:
         allowed = f"a finite number in [{low:g}, {high:g}]" if high is not None else f"a finite number > {low:g}"
         raise ConfigError(f"{key}={value!r} must be {allowed}{f' ({why})' if why else ''}")
+
+
+def returned(value, expected: type, where: str, how: str) -> None:
+    """Refuse what a plugin's member returned where it is not an `expected` (a generator for a list, the memory
+    for a Plan), naming the member (`where`), what it returned and `how` to give what is expected."""
+    if not isinstance(value, expected):
+        raise ConfigError(f"{where} returned a {type(value).__name__}; it must return {how}")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from methods.attention.decoder import num_layers
-from methods.base import Method, Question
+from methods.base import Method, Question, taken
 from methods.compression.compressor import Compression, NoCompression
 from methods.forgetting import Forgetting, NoForgetting
 from methods.formation import Former, formation_header
@@ -123,7 +123,8 @@ class Session:
         max_new_tokens = max_new_tokens or self.max_new_tokens
         device = self.model.device
         t0 = clock(device)
-        plan = self.method.plan(self.memory, prompt_ids, self.backend, Question(question, frozenset(targets)))
+        plan = taken(self.method.plan(self.memory, prompt_ids, self.backend, Question(question, frozenset(targets))),
+                     self.method, self.memory)
         t1 = clock(device)
         latent = plan.latent
         with plan.reading.attention(self.model, latent), self.window.answering(max_new_tokens):

@@ -161,16 +161,23 @@ def capacity_positions(capacity: int, sink: int, prompt: int, budget: int) -> in
 
 
 def check_capacity(config, capacity: int | None, sink: int, prompt: int, budget: int, allow: bool,
-                   model: str) -> None:
+                   model: str, stored: tuple[int, str] | None = None) -> None:
     """Before any weights load: refuse a memory capacity whose full read cannot fit the trained window beside
-    the prompt and the answer, whatever the data (WindowError)."""
+    the prompt and the answer, whatever the data (WindowError); with no capacity (nothing forgotten), the most
+    a group of the task stores, `stored` = (its tokens, which group stores how many fragments)."""
     window = trained_window(config)
-    if capacity is None or window is None or allow:
+    memory = capacity if capacity is not None else stored and stored[0]
+    if memory is None or window is None or allow:
         return
-    needed = capacity_positions(capacity, sink, prompt, budget)
+    needed = capacity_positions(memory, sink, prompt, budget)
     if needed > window:
-        fits = capacity - (needed - window)
-        raise WindowError(f"model.memory_capacity={capacity}: a full memory's read (sink {sink} + {capacity} + prompt "
-                          f"{prompt} + answer budget {budget} - 1) takes {needed} positions, {needed - window} past "
-                          f"model {model}'s trained window of {window}: set model.memory_capacity<={fits}, or "
-                          f"allow_beyond_window=true to study reads beyond it deliberately")
+        fits = memory - (needed - window)
+        held, lower = (f"model.memory_capacity={capacity}", f"set model.memory_capacity<={fits}") \
+            if capacity is not None else \
+            (f"{stored[1]} of {memory} tokens in all, none forgotten",
+             f"store fewer or shorter fragments, or forget (e.g. forgetting=informativeness "
+             f"model.memory_capacity={fits})")
+        raise WindowError(f"{held}: a full memory's read (sink {sink} + {memory} + prompt {prompt} + answer budget "
+                          f"{budget} - 1) takes {needed} positions, {needed - window} past model {model}'s trained "
+                          f"window of {window}: {lower}, or allow_beyond_window=true to study reads beyond it "
+                          f"deliberately")

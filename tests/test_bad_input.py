@@ -275,6 +275,13 @@ CASES = [
     (["task._target_=tests.test_plugins.Unnumbered"], "error: task: its group Group has index=None"),
     (["task._target_=tests.test_plugins.NoData"], "error: task: the passkey file is empty"),
     (["task._target_=tests.test_plugins.TextsOfAStep"], "error: task: its group Group needs `texts()`"),
+    # counts the data cannot supply, and a memory the task stores that cannot fit the window (issue 55)
+    (["task.updates=1000000000"], "task.groups=20 and task.updates=1000000000 need 20 and 999999999"),
+    (["task=distortion", "task.updates=1000000000"], "task.updates=1000000000 need 20 and 999999999"),
+    (["task=probe", "task.fragments=1000000000"], "task.updates=1000000000 need 50 and 999999999"),
+    (["task=probe"], "task Probe: group 39 stores 20 fragments of 10115 tokens in all, none forgotten: a full memory's "
+     "read (sink 1 + 10115 + prompt 30 + answer budget 32 - 1) takes 10177 positions, 1985 past model smollm2's "
+     "trained window of 8192: store fewer or shorter fragments"),
     # a boolean takes true or false, not a number OmegaConf would read as true
     (["task.shuffle=2"], "task.shuffle=2: task.shuffle is a boolean option, it takes true or false"),
     (["resume=2"], "resume=2: resume is a boolean option"),

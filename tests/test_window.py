@@ -143,14 +143,18 @@ def short_window(tmp_path_factory):
 SHORT = ("method=vanilla", "task.groups=2", "task.updates=3")
 
 
-def test_a_run_reading_past_the_window_is_refused_at_its_first_read_in_one_line(short_window, tmp_path):
+def test_a_run_whose_stored_memory_cannot_fit_is_refused_before_weights_load_in_one_line(short_window, tmp_path,
+                                                                                        monkeypatch):
+    """Nothing forgotten: the most a group stores (the task's texts, known before any weights) is the memory's
+    full read (its first read past the window was the refusal, after the weights loaded)."""
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
     with pytest.raises(ConfigError) as refused:
         run(tiny_run_config(short_window, *SHORT), str(tmp_path / "run"))
     line = str(refused.value)
     assert "\n" not in line
-    assert line.startswith("group 0: a read with the answer's budget takes ")
-    assert "past model tiny_llama's trained window of 400: lower model.memory_capacity, or set " \
-           "allow_beyond_window=true to study reads beyond it deliberately" in line
+    assert re.match(r"task Retention: group \d stores 3 fragments of \d+ tokens in all, none forgotten: a full "
+                    r"memory's read \(sink 1 \+ \d+ \+ prompt \d+ \+ answer budget 4 - 1\) takes \d+ positions, \d+ "
+                    r"past model tiny_llama's trained window of 400: store fewer or shorter fragments, or forget", line)
 
 
 def test_a_capacity_that_cannot_fit_is_refused_before_weights_load(short_window, tmp_path, monkeypatch):

@@ -1,0 +1,133 @@
+"""A newcomer's plugins, each breaking its contract in one way a newcomer and a seeded fuzzer did (issue 55): each
+is refused in one line naming the plugin, the member and what is expected, when it is composed where its signature
+or annotation shows it, else at its first use (a run's first record, a plan's first question), never after every
+group ran. Each row runs the real command on the tiny checkpoint of tests/conftest.py."""
+
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from evals.retention import Retention
+from harness import cli
+from methods.base import Method, Plan
+from tests.conftest import tiny_overrides
+
+
+class PlanReturnsMemory(Method):
+    """`plan` returns the memory it was given, not a Plan."""
+
+    def plan(self, memory, prompt_ids, backend, question=None):
+        return memory
+
+
+class DeclaresMemory(Method):
+    """`plan` declares it returns the memory: refused when composed."""
+
+    def plan(self, memory, prompt_ids, backend, question=None) -> list:
+        return memory
+
+
+class ReadsIndices(Method):
+    """Reads the newest fragment but names it by its index in the memory, not its id."""
+
+    def plan(self, memory, prompt_ids, backend, question=None):
+        newest = max(range(len(memory)), key=memory.ids().__getitem__)
+        return Plan(latent=memory.arranged([newest]), read=[newest])
+
+
+class GeneratedGroups(Retention):
+    """`groups()` written as a generator."""
+
+    def groups(self, tokenizer):
+        yield from super().groups(tokenizer)
+
+
+class DeclaredIterator(Retention):
+    """`groups()` declared to return an iterator: refused when composed."""
+
+    def groups(self, tokenizer) -> Iterator:
+        return iter(super().groups(tokenizer))
+
+
+class NoStep(Retention):
+    """Records without `step`, which its metrics group by."""
+
+    def run_group(self, session, group):
+        for record in super().run_group(session, group):
+            del record["step"]
+            yield record
+
+
+class FloatCorrect(Retention):
+    """`correct` as a float."""
+
+    def run_group(self, session, group):
+        for record in super().run_group(session, group):
+            yield {**record, "correct": float(record["correct"])}
+
+
+class OwnFile(Retention):
+    """Reads its own file in `check()`, which is not there."""
+
+    path = "/nonexistent/own.jsonl"
+
+    def check(self):
+        Path(self.path).read_text()
+
+
+class OwnKey(Retention):
+    """Its own data lacks a key `check()` reads."""
+
+    def check(self):
+        {"context": "c"}["question"]
+
+
+CASES = {  # attempt -> (overrides, the one line), each on the tiny checkpoint
+    "plan returns the memory": (["method=vanilla", f"method._target_={__name__}.PlanReturnsMemory"],
+                                "method PlanReturnsMemory.plan returned a LatentMemory; it must return a Plan "
+                                "(methods.base), e.g. Plan(latent=memory) to read the whole memory"),
+    "plan declared to return another type": (["method=vanilla", f"method._target_={__name__}.DeclaresMemory"],
+                                             "method DeclaresMemory.plan is declared to return list; the harness "
+                                             "needs a Plan (methods.base)"),
+    "read given memory indices": (["method=vanilla", f"method._target_={__name__}.ReadsIndices"],
+                                  "method ReadsIndices.plan returned Plan(read=[0]) for a latent view of fragments "
+                                  "[1]; `read` takes the ids of the fragments read (memory.ids()), not their "
+                                  "indices"),
+    "groups as a generator": ([f"task._target_={__name__}.GeneratedGroups"],
+                              "task GeneratedGroups.groups returned a generator; it must return a list of groups "
+                              "(shard=i/n takes every n-th): `return [...]`, not `yield`"),
+    "groups declared an iterator": ([f"task._target_={__name__}.DeclaredIterator"],
+                                    "task DeclaredIterator.groups is declared to return Iterator; the harness needs "
+                                    "a list of groups"),
+    "a record without step": ([f"task._target_={__name__}.NoStep"],
+                              "task NoStep.metrics cannot read its first record (group 0, fields group, question, "
+                              "gold, output, correct, memory_tokens, used_tokens, target_tokens, target_rank, "
+                              "target_position, seconds, target_read, method, forgetting, beyond_window): KeyError: "
+                              "'step'; a record must hold every field its metrics read"),
+    "correct as a float": ([f"task._target_={__name__}.FloatCorrect"],
+                           "task: run_group yielded a record with correct=0.0 (a float) in group 0; `correct` must be "
+                           "a bool (None where the answer is not judged)"),
+    "its own file missing": ([f"task._target_={__name__}.OwnFile"],
+                             "task OwnFile.check: cannot read /nonexistent/own.jsonl: No such file or directory"),
+    "its own data lacking a key": ([f"task._target_={__name__}.OwnKey"], "task OwnKey.check: KeyError: 'question'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_plugin_breaking_its_contract_is_refused_in_one_line_at_once(case, tiny_checkpoint, tmp_path, monkeypatch,
+                                                                       capsys):
+    overrides, message = CASES[case]
+    monkeypatch.setattr(sys, "argv", ["memdefrag", *tiny_overrides(tiny_checkpoint), "task.groups=2",
+                                      "task.updates=2", *overrides,
+                                      f"hydra.run.dir={tmp_path / 'run'}"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 2
+    *bars, line = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"memdefrag: error: {message}"), line
+    assert all(re.search(r"\d+/\d+ \[", bar) or not bar for bar in bars), bars      # progress bars (the weights, the groups)
+    groups = tmp_path / "run" / "groups.jsonl"
+    assert not groups.exists() or groups.read_text() == ""          # refused before any group ended
