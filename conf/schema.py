@@ -123,18 +123,27 @@ def register() -> None:
     names them)."""
     if not OmegaConf.has_resolver("folder"):
         OmegaConf.register_new_resolver("folder", lambda label: folder_name(str(label)))
-    store = ConfigStore.instance()
-    store.store(name="run_schema", node=RunSchema)
+    ConfigStore.instance().store(name="run_schema", node=RunSchema)
     for path in sorted(CONF.glob("*/*.yaml")):
-        config = yaml.safe_load(path.read_text()) or {}
-        if config.get("_target_"):
-            name, node = plugin_schema(path.parent.name, config["_target_"])
-            store.store(group=path.parent.name, name=name, node=node)
-            extended = [d for d in config.get("defaults", []) if isinstance(d, str) and d.endswith("_schema")]
-            MISNAMED.update({path: (given, name) for given in extended if given != name})
+        register_file(path)
 
 
-MISNAMED: dict[Path, tuple[str, str]] = {}     # a YAML file -> (the schema it extends, its class's schema name)
+def register_file(path: Path) -> None:
+    """Store the schema of a plugin YAML's `_target_` under its class's name and under the YAML's own
+    (`own_jsonl.yaml` may extend `own_jsonl_schema` or `ownjsonl_schema`: the name a plugin is chosen by works
+    for a class of several words); a YAML without `_target_` extends another and needs none."""
+    config = yaml.safe_load(path.read_text()) or {}
+    if not config.get("_target_"):
+        return
+    name, node = plugin_schema(path.parent.name, config["_target_"])
+    own = f"{path.stem}_schema"
+    for stored in {name, own}:
+        ConfigStore.instance().store(group=path.parent.name, name=stored, node=node)
+    extended = [d for d in config.get("defaults", []) if isinstance(d, str) and d.endswith("_schema")]
+    MISNAMED.update({path: (given, own) for given in extended if given not in (name, own)})
+
+
+MISNAMED: dict[Path, tuple[str, str]] = {}     # a YAML file -> (the schema it extends, the one it may extend)
 
 
 def check_names() -> None:
@@ -142,9 +151,9 @@ def check_names() -> None:
     it cannot find the name given), naming the one expected."""
     if MISNAMED:
         path, (given, expected) = next(iter(MISNAMED.items()))
-        raise ConfigError(f"{path.relative_to(CONF.parent)} extends {given}, but the schema of its _target_'s class "
-                          f"is named {expected} (the class name in lower case + _schema): write "
-                          f"`defaults: [{expected}, _self_]`")
+        raise ConfigError(f"{path.relative_to(CONF.parent)} extends {given}, but its schema is named {expected} (the "
+                          f"file's name + _schema) or after its _target_'s class: write `defaults: [{expected}, "
+                          f"_self_]`")
 
 
 def check_booleans(config_name: str, args: list[str]) -> None:

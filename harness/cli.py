@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 import conf  # noqa: F401 - registers the typed schemas the configs extend
 from conf import schema
+from conf.schema import CONF
 from evals.probe import best_row
 from harness import cache, catalog, collect, compare, migrate, report, shards, tracer_layers
 from harness.errors import OneLineParser, stops_on_config_error
@@ -67,36 +68,51 @@ def merge(argv: list[str]) -> None:
                 print(f"merged: {merged}")
 
 
+def tracer_sweep_command(argv: list[str]) -> None:
+    """`memdefrag tracer-sweep OVERRIDES`: every job checked first, then the sweep (as the run's)."""
+    with stops_on_config_error("memdefrag tracer-sweep"):
+        tracer_layers.start_file()
+        schema.check_names()
+        schema.check_booleans("tracer_sweep", argv)
+        check_jobs("tracer_sweep", argv)
+    sys.argv = [sys.argv[0], *argv]
+    tracer_sweep()
+
+
+# Every subcommand: what runs it and what it does (the help's list).
+COMMANDS = {
+    "report": (report.main, "write the report of a folder of runs (its README.md, tables and figures)"),
+    "plugins": (catalog.main, "list every method, task, forgetting, compressor, model and experiment"),
+    "compare": (compare.main, "compare two runs answer by answer"),
+    "migrate": (migrate.main, "bring committed run folders to the current format"),
+    "collect": (collect.main, "copy a sweep's finished runs into a study folder of results/"),
+    "merge": (merge, "merge the shards of a sweep into whole runs"),
+    "cache": (verify_cache, "verify the cache of formed fragments (memdefrag cache verify)"),
+    "tracer-sweep": (tracer_sweep_command, "probe the candidate tracer layers and record the best for the model"),
+}
+
+
+def help_text() -> str:
+    """What `memdefrag --help` prints: the two ways to call it, every subcommand and every config group with its
+    choices (the YAML files of conf/<group>/, not the schemas they extend)."""
+    groups = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra" and any(p.glob("*.yaml")))
+    lines = ["usage: memdefrag [GROUP=CHOICE ...] [KEY=VALUE ...]   run a method on a task with one model "
+             "(-m: a sweep)", "       memdefrag SUBCOMMAND [ARGS ...]               (SUBCOMMAND --help: its own)",
+             "", "subcommands:", *(f"  {name:<14}{text}" for name, (_, text) in COMMANDS.items()), "",
+             "config groups (GROUP=CHOICE; `memdefrag plugins` gives each choice's options):"]
+    lines += [f"  {group:<14}{', '.join(sorted(p.stem for p in (CONF / group).glob('*.yaml')))}" for group in groups]
+    return "\n".join([*lines, "", "memdefrag --cfg job prints the composed config; memdefrag --hydra-help is Hydra's "
+                                   "own page; docs/running.md says the rest."])
+
+
 def main() -> None:
     """The Hydra app, or a subcommand named first."""
     command = sys.argv[1] if len(sys.argv) > 1 else None
-    if command == "merge":
-        merge(sys.argv[2:])
-    elif command == "compare":
-        compare.main(sys.argv[2:])
-    elif command == "report":
-        with stops_on_config_error("memdefrag report"):
-            report.main(sys.argv[2:])
-    elif command == "migrate":
-        with stops_on_config_error("memdefrag migrate"):
-            migrate.main(sys.argv[2:])
-    elif command == "collect":
-        with stops_on_config_error("memdefrag collect"):
-            collect.main(sys.argv[2:])
-    elif command == "cache":
-        with stops_on_config_error("memdefrag cache"):
-            verify_cache(sys.argv[2:])
-    elif command == "plugins":
-        with stops_on_config_error("memdefrag plugins"):
-            catalog.main(sys.argv[2:])
-    elif command == "tracer-sweep":
-        del sys.argv[1]
-        with stops_on_config_error("memdefrag tracer-sweep"):
-            tracer_layers.start_file()
-            schema.check_names()
-            schema.check_booleans("tracer_sweep", sys.argv[1:])
-            check_jobs("tracer_sweep", sys.argv[1:])
-        tracer_sweep()
+    if command in COMMANDS:
+        with stops_on_config_error(f"memdefrag {command}"):
+            COMMANDS[command][0](sys.argv[2:])
+    elif {"-h", "--help"} & set(sys.argv[1:]):
+        print(help_text())
     else:
         with stops_on_config_error("memdefrag"):
             schema.check_names()

@@ -10,8 +10,11 @@ or any weights load.
 from __future__ import annotations
 
 import itertools
+import re
+from pathlib import Path
 
 from hydra import compose, initialize_config_module
+from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.types import RunMode
@@ -22,18 +25,41 @@ from harness.errors import ConfigError
 from harness.outputs import writable_folder
 from harness.runner import preflight
 
+CONF = Path(__file__).resolve().parents[1] / "conf"
 RUN_FLAGS = ("-m", "--multirun")          # any other Hydra flag (--help, --cfg, ...) asks for no run
+
+
+# Hydra's words for a key of a config file that its schema (the plugin's constructor) lacks
+UNKNOWN_KEY = re.compile(r"In '(?P<file>[^']+)': ConfigKeyError raised while composing config:\n"
+                         r"Key '(?P<key>[^']+)' not in '(?P<schema>\w+)'")
 
 
 def one_line(err: Exception) -> ConfigError:
     """A composition error as one line: the key, the value and what is allowed."""
     while err.__cause__ is not None and isinstance(err, HydraException):
         err = err.__cause__
+    unknown = UNKNOWN_KEY.match(str(err))
+    if unknown:
+        return unknown_key(**unknown.groupdict())
     text = str(err).splitlines()[0] if str(err) else type(err).__name__
     key = getattr(err, "full_key", None)
     if isinstance(err, OmegaConfBaseException) and key:
         return ConfigError(f"{key}: {text}")
     return ConfigError(text)
+
+
+def unknown_key(file: str, key: str, schema: str) -> ConfigError:
+    """A config file's key that its plugin's constructor does not take: the key, the file and the options the
+    constructor does take (its schema's, conf/schema.py)."""
+    group = file.split("/")[0]
+    nodes = ConfigStore.instance().repo.get(group, {})
+    found = next((entry.node for entry in nodes.values() if hasattr(entry, "node")
+                  and OmegaConf.get_type(entry.node).__name__ == schema), None)
+    accepted = [k for k in (found.keys() if found is not None else []) if k not in ("_target_", "label")]
+    path = CONF / f"{file}.yaml"
+    return ConfigError(f"{path.relative_to(CONF.parent) if path.is_file() else file + '.yaml'}: {key} is not an "
+                       f"option of {schema.removesuffix('Schema')}, whose constructor takes "
+                       f"{', '.join(accepted) or 'none'} (besides _target_ and label)")
 
 
 def composed(config_name: str, overrides: list[str], hydra: bool = False):

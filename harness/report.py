@@ -21,7 +21,7 @@ from harness.claims import FEWEST, keyed, paired_groups, supported
 from harness.comparisons import peers_section, rankers_section
 from evals.stats import wilson, with_interval
 from harness.errors import OneLineParser
-from harness.plugins import table_titles
+from harness.plugins import config_name, table_titles
 from harness.figures import accuracy_against_time, accuracy_curves
 from harness.migrate import migrate_all
 from harness.results import read_jsonl
@@ -423,7 +423,7 @@ def declared_sections(runs: list[Run], built: set[str]) -> list[Section]:
         chosen = [r for r in runs if label in r.tables and (r.folder / "metrics.csv").is_file()]
         task = chosen[0].config["task"]["_target_"] if chosen else ""
         section = Section(label, table_titles(task).get(label) or label.split(":")[1].replace("_", " "),
-                          command=f"memdefrag task={task.rsplit('.', 1)[-1].lower()}")
+                          command=f"memdefrag task={config_name('task', task)}")
         if not chosen:
             section.missing = "no finished runs yet"
         else:

@@ -131,3 +131,31 @@ def test_a_plugin_breaking_its_contract_is_refused_in_one_line_at_once(case, tin
     assert all(re.search(r"\d+/\d+ \[", bar) or not bar for bar in bars), bars      # progress bars (the weights, the groups)
     groups = tmp_path / "run" / "groups.jsonl"
     assert not groups.exists() or groups.read_text() == ""          # refused before any group ended
+
+
+def test_a_yaml_key_its_plugin_s_constructor_lacks_is_refused_naming_the_key_the_file_and_the_options(
+        tmp_path, monkeypatch, capsys):
+    (tmp_path / "conf" / "method").mkdir(parents=True)
+    (tmp_path / "conf" / "method" / "select_keep_order.yaml").write_text(
+        "defaults:\n  - selection_schema\n  - _self_\n\n_target_: methods.selection.selection.Selection\n"
+        "label: keep_order\nkeep_order: true\n")
+    monkeypatch.setattr(sys, "argv", ["memdefrag", "method=select_keep_order", f"hydra.searchpath=[file://{tmp_path}"
+                                      "/conf]", "logger=none", f"hydra.run.dir={tmp_path / 'run'}"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        "memdefrag: error: method/select_keep_order.yaml: keep_order is not an option of Selection, whose constructor "
+        "takes ranker, size, k, tau, k_max, arrangement, window, reading, tracer_layer, query_mode, seed, embedder "
+        "(besides _target_ and label)\n")
+
+
+def test_help_lists_every_subcommand_and_config_group_not_the_schemas(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["memdefrag", "--help"])
+    cli.main()
+    shown = capsys.readouterr().out
+    for command in ("report", "plugins", "compare", "migrate", "collect", "merge", "cache", "tracer-sweep"):
+        assert f"\n  {command} " in shown, command
+    for group in ("compression", "experiment", "forgetting", "logger", "method", "model", "task"):
+        assert f"\n  {group} " in shown, group
+    assert "memdefrag_top2" in shown and "_schema" not in shown

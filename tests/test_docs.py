@@ -42,7 +42,6 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
@@ -109,12 +108,9 @@ class Page:
             if str(target.parent) not in module.__path__:
                 module.__path__.append(str(target.parent))
         elif path.startswith("conf/"):
-            from hydra.core.config_store import ConfigStore
+            from conf.schema import register_file
 
-            from conf.schema import plugin_schema
-
-            name, node = plugin_schema(target.parent.name, yaml.safe_load(code)["_target_"])
-            ConfigStore.instance().store(group=target.parent.name, name=name, node=node)
+            register_file(target)
             self.searchpath = [f"hydra.searchpath=[file://{self.plugins / 'conf'}]"]
         elif path.startswith("tests/test_"):
             spec = importlib.util.spec_from_file_location(f"docs_{target.stem}", target)

@@ -171,15 +171,39 @@ def test_a_yaml_that_extends_its_schema_under_another_name_is_refused_naming_the
 
     (tmp_path / "conf" / "method").mkdir(parents=True)
     (tmp_path / "conf" / "method" / "recency_window.yaml").write_text(
-        f"defaults:\n  - recency_window_schema\n  - _self_\n\n_target_: {__name__}.RecencyWindow\nlabel: recency\n")
+        f"defaults:\n  - recency_schema\n  - _self_\n\n_target_: {__name__}.RecencyWindow\nlabel: recency\n")
     monkeypatch.setattr(schema, "CONF", tmp_path / "conf")
     monkeypatch.setattr(schema, "MISNAMED", {})
     schema.register()
     with pytest.raises(ConfigError) as refused:
         schema.check_names()
-    assert str(refused.value) == ("conf/method/recency_window.yaml extends recency_window_schema, but the schema of "
-                                  "its _target_'s class is named recencywindow_schema (the class name in lower case "
-                                  "+ _schema): write `defaults: [recencywindow_schema, _self_]`")
+    assert str(refused.value) == ("conf/method/recency_window.yaml extends recency_schema, but its schema is named "
+                                  "recency_window_schema (the file's name + _schema) or after its _target_'s class: "
+                                  "write `defaults: [recency_window_schema, _self_]`")
+
+
+def test_a_plugin_of_several_words_is_named_by_its_yaml_in_its_schema_and_its_report_command(tmp_path, monkeypatch):
+    """`RecencyWindow` in recency_window.yaml (issue 55: `OwnJsonl` in own_jsonl.yaml had the report print
+    `memdefrag task=ownjsonl`, which does not exist): the YAML extends recency_window_schema, and the name the
+    report gives its command is the YAML's."""
+    from hydra import compose, initialize_config_module
+
+    from conf import schema
+    from harness.plugins import config_name
+
+    (tmp_path / "conf" / "method").mkdir(parents=True)
+    (tmp_path / "conf" / "method" / "recency_window.yaml").write_text(
+        f"defaults:\n  - recency_window_schema\n  - _self_\n\n_target_: {__name__}.RecencyWindow\nlabel: recency\n")
+    monkeypatch.setattr(schema, "MISNAMED", {})
+    schema.register_file(tmp_path / "conf" / "method" / "recency_window.yaml")
+    schema.check_names()
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose("config", overrides=["method=recency_window", "method.window=3",
+                                           f"hydra.searchpath=[file://{tmp_path / 'conf'}]"])
+    assert (cfg.method._target_, cfg.method.window) == (f"{__name__}.RecencyWindow", 3)
+    assert config_name("method", f"{__name__}.RecencyWindow", tmp_path / "conf") == "recency_window"
+    assert config_name("task", "evals.retention.Retention") == "retention"
+    assert config_name("method", "methods.memdefrag.MemDefrag") == "memdefrag"     # not memdefrag_top1..
 
 
 def test_python_m_harness_cli_is_the_memdefrag_command():
