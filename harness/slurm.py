@@ -171,7 +171,7 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         nums = range(initial_job_idx, initial_job_idx + len(job_overrides))
         folders = [self.run_folder(list(o), num) for o, num in zip(job_overrides, nums)]
-        self.runs = {num: str(sweep_dir / folder) for num, folder in zip(nums, folders)}     # for the jobs
+        self.runs = {num: str(sweep_dir.absolute() / folder) for num, folder in zip(nums, folders)}  # for the jobs
         jobs = executor.map_array(self, [list(o) for o in job_overrides], ["hydra.sweep.dir"] * len(nums), list(nums),
                                   [f"job_id_for_{num}" for num in nums], [Singleton.get_state()] * len(nums))
         logs = Path(jobs[0].paths.folder).parent
