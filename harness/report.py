@@ -2,8 +2,8 @@
 result folders lie below RESULTS_DIR, and RESULTS_DIR/README.md that shows them.
 
 The README is one generated section per table, in the paper's order, each with its command, its figure and a
-short note; it links RESULTS_DIR/notes.md (written by people: setup, what the numbers mean). A table without
-results says so; a task's own tables (its class's `tables`) are found without an edit here.
+short note; it links RESULTS_DIR/notes.md where there is one (written by people: setup, what the numbers mean).
+A table without results says so; a task's own tables (its class's `tables`) are found without an edit here.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pandas as pd
 
 from evals.distortion import correlations
 from evals.locomo import layers_table, locomo_table, scores_by_category
+from evals.locomo_scoring import Category
 from evals.longbench import longbench_table
 from evals.probe import band, tracing_table
 from harness.analysis import write_analysis
@@ -25,11 +26,12 @@ from harness.plugins import config_name, table_titles
 from harness.figures import accuracy_against_time, accuracy_curves
 from harness.migrate import migrate_all
 from harness.results import read_jsonl
-from harness.sections import (BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, Run, Section, bench_table, labelled, named,
-                               run_columns, runs_under, step_records, step_table, with_bounds)
+from harness.sections import (BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, Run, Section, bench_table, in_percent,
+                               labelled, named, past_window, rows_and_caption, run_columns, runs_under, step_records,
+                               step_table, with_bounds)
 from harness.tracer_layers import recorded, swept, tracers_file
 from harness.summary import accuracy_table
-from methods.window import BEYOND_MARK
+from methods.window import BEYOND_CELL, BEYOND_MARK
 
 
 def retention_section(root, runs, label, title, bounded, figures, model: str | None = None) -> Section:
@@ -280,45 +282,92 @@ def unclaimed(rows: dict[tuple, pd.DataFrame]) -> str:
             + (f"{', '.join(most[:-1])} or {most[-1]}" if len(most) > 1 else most[0]) + ".")
 
 
-def locomo_sections(root, runs, figures) -> tuple[Section, Section]:
-    """`tab:locomo`, per model, category and method: LoCoMo's F1 and the substring accuracy with their
-    intervals, the evidence hit, its rank, seconds per question, and its figure (F1 against seconds per
-    question); `tab:locomo_layers`: for runs that traced every layer, the evidence session's hit@2 per layer."""
-    title = ("LoCoMo dialogue memory: LoCoMo's F1 and substring accuracy (%), evidence session read (%), its "
-             "rank and what ranked it, seconds per question")
+def locomo_sections(root, runs, figures) -> list[Section]:
+    """`tab:locomo`: single-hop F1 under LoCoMo's own protocol, a row per method and a column per model, with the
+    claims made of it and its figure (that F1 against seconds per question); then a table per model and protocol
+    (`tab:locomo_<model>_<protocol>`, as scores of two protocols are not one quantity): per category and method,
+    LoCoMo's F1 and the substring accuracy with their intervals, the evidence hit, its rank, seconds per
+    question, its rows named by what differs between them and its caption saying what they share;
+    `tab:locomo_layers`: for runs that traced every layer, the evidence session's hit@2 per layer."""
+    what = ("LoCoMo's F1 and substring accuracy (%), evidence session read (%), its rank and what ranked it, "
+            "seconds per question")
+    single = Section("tab:locomo", "LoCoMo dialogue memory: single-hop F1 (%) under LoCoMo's own protocol, a column "
+                     "per model")
     layers = Section("tab:locomo_layers", "LoCoMo: evidence session among the 2 densest (%) when traced at each "
                      "layer", missing="no runs yet: memdefrag experiment=locomo task.trace_layers=true")
     chosen = [r for r in runs if "tab:locomo" in r.tables]
     if not chosen:
-        return Section("tab:locomo", title, missing="no runs yet: memdefrag experiment=locomo"), layers
-    chosen, labels = zip(*sorted(zip(chosen, labelled(chosen, "tab:locomo")),
-                                 key=lambda pair: (pair[0].model, *baselines_first(pair[0]), pair[1])))
-    answered = [read_jsonl(run.folder / "predictions.jsonl") for run in chosen]
-    records = [{**record, "run": f"{run.model} {protocol_of(run)}: {label}", "model": run.model, "method": label,
-                "protocol": protocol_of(run)}
-               for run, label, found in zip(chosen, labels, answered) for record in found]
+        single.missing = "no runs yet: memdefrag experiment=locomo"
+        return [single, layers]
+    tables: dict[tuple[str, str], list[Run]] = {}
+    for run in sorted(chosen, key=lambda r: (r.model, protocol_of(r) != "protocol=locomo", protocol_of(r))):
+        tables.setdefault((run.model, protocol_of(run)), []).append(run)
+    sections, records = [], []
+    for (model, protocol), mine in tables.items():
+        labels, shared = rows_and_caption(mine, chosen, titled=("task.protocol",))
+        mine, labels = zip(*sorted(zip(mine, labels), key=lambda pair: (*baselines_first(pair[0]), pair[1])))
+        found = [[{**record, "run": f"{model} {protocol}: {label}", "model": model, "method": label,
+                   "protocol": protocol} for record in read_jsonl(run.folder / "predictions.jsonl")]
+                 for run, label in zip(mine, labels)]
+        records += [record for answered in found for record in answered]
+        sizes = "; ".join(f"{label} {len(answered)} of {len({r['group'] for r in answered})}"
+                          for label, answered in zip(labels, found))
+        name = "".join(c if c.isalnum() else "_" for c in f"{model}_{protocol.split('=')[-1]}")
+        answers = [r | {"run": r["method"]} for answered in found for r in answered]
+        table = locomo_table(answers).round(1)
+        table["f1"] += pd.DataFrame(answers).groupby(["category", "run"]).apply(past_window).reindex(table.index)
+        sections.append(Section(f"tab:locomo_{name}", f"LoCoMo on {model} under {protocol}: {what}"
+                                + (f"; every row: {shared}" if shared else ""),
+                                table.rename_axis(index=["category", "method"]), after=f"Questions of conversations "
+                                f"per row: {sizes}. The measures: as under `tab:locomo`."))
     rows = keyed("locomo", pd.DataFrame(records).groupby(["model", "protocol", "method"]))   # `run` by its parts
     claims = supported(root / "claims.yaml", "locomo", rows) or unclaimed(rows)
-    figure = figures / "locomo.png"
-    points = scores_by_category(records, ("model", "method"))
-    accuracy_against_time(points[points.category == points.category.max()], "f1", figure, name="method",
-                          interval=("f1 low", "f1 high"), measure="LoCoMo F1")
-    sizes = "; ".join(f"{run.model} {label}: {len(found)} questions of {len({r['group'] for r in found})} "
-                      f"conversations" for run, label, found in zip(chosen, labels, answered))
+    points = scores_by_category(records, ("model", "protocol", "method"))
+    points = points[(points.protocol == "protocol=locomo") & (points.category == Category.single_hop)]
+    keys = ["model", "protocol", "method", "category"]
+    by = pd.DataFrame(records).groupby(keys)
+    points = points.join(pd.DataFrame({"past window": by.apply(past_window),
+                                       "conversations": by["sample_id"].nunique()}), on=keys)
+    if not points.empty:
+        figure = figures / "locomo.png"
+        accuracy_against_time(points, "f1", figure, name="method", interval=("f1 low", "f1 high"),
+                              measure="LoCoMo single-hop F1")
+        single.table = single_hop_table(points)
+        single.figure = str(figure.relative_to(root))
+    else:
+        single.missing = "no runs under LoCoMo's own protocol yet: memdefrag experiment=locomo"
+    single.after = (f"F1: LoCoMo's own score (evals/locomo_scoring.py) on its single-hop questions (category "
+                    f"{int(Category.single_hop)}) with its 95 % bootstrap interval resampling conversations; a cell "
+                    f"asked on fewer conversations than its model's most says how many. The figure: the same F1 "
+                    f"against seconds per question. Every category, protocol and measure: the tables below, a table "
+                    f"per model and protocol. {LOCOMO_NOTES}{claims}")
     if any("evidence_rank_by_layer" in r for r in records):
         layers.table, layers.missing = layers_table(records), ""
         layers.after = ("Each question's evidence session ranked by attention density over the whole memory at "
                         "every layer, in both query modes, with its 95 % Wilson interval over the questions; "
                         "`best layer`: the layer with the most hits.")
-    return Section("tab:locomo", title, locomo_table(records).round(1), figure=str(figure.relative_to(root)),
-                   after=f"F1: LoCoMo's own score (evals/locomo_scoring.py) with its 95 % bootstrap interval "
-                         f"resampling conversations; f1 authors: the MemDefrag authors' (LongBench's qa_f1_score); "
-                         f"accuracy: the gold, cut as LoCoMo's score cuts it, inside the scored reply, Wilson "
-                         f"interval; evidence hit: an evidence session among the fragments read (methods that "
-                         f"choose); evidence rank: its best rank under what ranked (`ranked by`: attention "
-                         f"density, or a retriever's own score). Each row names the protocol its questions "
-                         f"were asked under (task.protocol: locomo, authors, or bare for the runs before both). {sizes}. The figure: the last category's F1 against seconds per "
-                         f"question.{claims}"), layers
+    return [single, *sections, layers]
+
+
+LOCOMO_NOTES = ("F1: LoCoMo's own score (evals/locomo_scoring.py) with its 95 % bootstrap interval resampling "
+                "conversations; f1 authors: the MemDefrag authors' (LongBench's qa_f1_score); accuracy: the gold, "
+                "cut as LoCoMo's score cuts it, inside the scored reply, Wilson interval; evidence hit: an evidence "
+                "session among the fragments read (methods that choose); evidence rank: its best rank under what "
+                "ranked (`ranked by`: attention density, or a retriever's own score).")
+
+
+def single_hop_table(points: pd.DataFrame) -> pd.DataFrame:
+    """Method x model: single-hop F1 with its interval (`7.0 [4.7, 9.7]`), marked where an answer read past the
+    window, with the conversations asked where fewer than the model's most; baselines first."""
+    most = points.groupby("model")["conversations"].transform("max")
+    cells = [with_interval(f / 100, low / 100, high / 100) + mark + ("" if n == top else f" ({n} conversations)")
+             for f, low, high, mark, n, top in zip(points["f1"], points["f1 low"], points["f1 high"],
+                                                   points["past window"], points["conversations"], most)]
+    table = points.assign(cell=cells).pivot(index="method", columns="model", values="cell").fillna("")
+    base = {m: m.split("+")[0].split(" ")[0] for m in table.index}         # the method a label begins with
+    order = sorted(table.index, key=lambda m: (BASELINES.index(base[m]) if base[m] in BASELINES else len(BASELINES),
+                                               m))
+    return table.loc[order].rename_axis(columns=None)
 
 
 def tracer_summary_section(root: Path, runs: list[Run]) -> Section:
@@ -427,8 +476,8 @@ def declared_sections(runs: list[Run], built: set[str]) -> list[Section]:
         if not chosen:
             section.missing = "no finished runs yet"
         else:
-            section.table = pd.concat([pd.read_csv(r.folder / "metrics.csv").assign(
-                model=r.model, dataset=named(r, r.config["task"]["dataset"])) for r in chosen], ignore_index=True)
+            section.table = in_percent(pd.concat([pd.read_csv(r.folder / "metrics.csv").assign(
+                model=r.model, dataset=named(r, r.config["task"]["dataset"])) for r in chosen], ignore_index=True))
         sections.append(section)
     return sections
 
@@ -473,16 +522,25 @@ def build(root: Path) -> list[Section]:
     return sorted(sections, key=place)
 
 
-HEADER = f"""# Results
+def header(root: Path) -> str:
+    """The README's head: the command that wrote it, naming the folder it was given (by its name, as run from the
+    folder above), and notes.md where there is one (people write it)."""
+    name = root.resolve().name
+    notes = " How the runs were set up and what the numbers say: [notes.md](notes.md)." \
+        if (root / "notes.md").is_file() else ""
+    return f"""# Results
 
 Every table of the paper this harness reproduces, in the paper's order, each with the command that makes its
 runs, then the harness's own studies. Regenerated whole, deterministically, from the run folders below this one
-by `memdefrag report results` (which first brings older run folders to the current record format, as `memdefrag
-migrate results` does alone). How the runs were set up and what the numbers say: [notes.md](notes.md).
+by `memdefrag report {name}` (which first brings older run folders to the current record format, as `memdefrag
+migrate {name}` does alone).{notes}
 
-A run marked "{BEYOND_MARK}" (its row, column or heading, or its dataset's rows) read positions past its model's
-trained window (`max_position_embeddings`: 8,192 for SmolLM2): a deliberate study run with
-`allow_beyond_window=true`, each record saying how far past it read (`beyond_window`)."""
+A cell marked "{BEYOND_CELL}" counts answers that read positions past their model's trained window
+(`max_position_embeddings`: 8,192 for SmolLM2), as does a row, column or heading marked "{BEYOND_MARK}" (a run
+any of whose answers did): a deliberate study run with `allow_beyond_window=true`, each record saying how far
+past it read (`beyond_window`).
+
+<!-- Generated by `memdefrag report {name}`: edit harness/report.py{' or notes.md' if notes else ''} instead. -->"""
 
 
 def write(root: Path) -> Path:
@@ -492,7 +550,7 @@ def write(root: Path) -> Path:
     sections = build(root)
     tables = root / "tables"
     tables.mkdir(exist_ok=True)
-    parts = [HEADER, "<!-- Generated by `memdefrag report results`: edit harness/report.py or notes.md instead. -->"]
+    parts = [header(root)]
     for section in sections:
         parts.append(f"## {section.title} (`{section.label}`)")
         if section.command:

@@ -15,7 +15,7 @@ from harness.errors import ConfigError
 from harness.plugins import declared_tables
 from harness.results import as_of_now, flattened, read_config, read_jsonl, read_run_info
 from harness.summary import IMPLIED, complete_groups, run_folders, run_labels
-from methods.window import marked
+from methods.window import BEYOND_CELL, marked
 
 DEFAULT_MODEL = "smollm2"     # the paper tables' backbone here; other models get sections of their own
 RELEASED = {"YuWangX/memoryllm-8b": "MemoryLLM-8B", "YuWangX/mplus-8b": "M+-8B"}   # baselines whose accuracy counts
@@ -114,6 +114,28 @@ def run_columns(runs: list[Run], table: str, leave: tuple[str, ...] = ()) -> lis
     return [labels[id(r)] for r in runs]
 
 
+def rows_and_caption(runs: list[Run], among: list[Run], titled: tuple[str, ...] = ()) -> tuple[list[str], str]:
+    """One table's rows named by what differs between them (harness.summary.run_labels over these runs alone: the
+    method, then a setting only where two rows share a method), and its caption's part: what they share of what
+    differs between the runs of `among` (every table of its kind), as `name=value`. Left to the title: a setting
+    that follows from the model (one value per model among them), the method's own (its label names them), and
+    those `titled`."""
+    flats = [flattened(as_of_now(r.config)) for r in among]
+    mine = [flattened(as_of_now(r.config)) for r in runs]
+
+    def varies(key: str, flat: list[dict]) -> bool:
+        return len({repr(f.get(key)) for f in flat}) > 1
+
+    def of_the_model(key: str) -> bool:
+        return all(not varies(key, [f for f, r in zip(flats, among) if r.model == model]) for model in
+                   {r.model for r in among})
+
+    left = (*IMPLIED, "method", *titled)
+    keys = sorted(k for k in set().union(*flats) if not any(k == i or k.startswith(i + ".") for i in left)
+                  and varies(k, flats) and not of_the_model(k) and not varies(k, mine))
+    return run_labels([r.config for r in runs]), " ".join(f"{k.rsplit('.', 1)[-1]}={mine[0].get(k)}" for k in keys)
+
+
 def refuse_one_sided(table: str, runs: list[Run], configs: list[dict]) -> None:
     """A ConfigError where runs sharing a column's name differ in a setting that only some of them recorded."""
     names = [run_labels([c])[0] for c in configs]
@@ -135,20 +157,27 @@ def refuse_one_sided(table: str, runs: list[Run], configs: list[dict]) -> None:
 
 
 def step_records(runs: list[Run], table: str) -> pd.DataFrame:
-    """Every answer of the runs that answer questions per step, with its dataset and its run's column (run_columns()).
-    The dataset is named (named()): a table of datasets by methods marks the rows a run read past its window in,
-    and keeps one column per method."""
+    """Every answer of the runs that answer questions per step, with its dataset and its run's column (run_columns());
+    each record's own `beyond_window` says whether the cell that counts it is marked (step_table)."""
     found = [(run, records) for run in runs if (records := read_jsonl(run.folder / "predictions.jsonl"))
              and {"correct", "step"} <= records[0].keys()]
     labels = run_columns([run for run, _ in found], table)
-    return pd.DataFrame([{**record, "dataset": named(run, run.config["task"]["dataset"]), "run": label}
+    return pd.DataFrame([{**record, "dataset": run.config["task"]["dataset"], "run": label}
                          for (run, records), label in zip(found, labels) for record in records])
+
+
+def past_window(records: pd.DataFrame) -> str:
+    """A cell's mark (methods.window.BEYOND_CELL, after a space) where any answer it counts read past its model's
+    trained window (its record's `beyond_window`); '' where none did."""
+    beyond = records["beyond_window"] if "beyond_window" in records else pd.Series(dtype=float)
+    return f" {BEYOND_CELL}" if (beyond.fillna(0) > 0).any() else ""
 
 
 def step_table(records: pd.DataFrame, value: str = "correct") -> pd.DataFrame:
     """(dataset, step) x run over the finished groups: accuracy (%) with its 95 % Wilson interval, or the mean of
-    another per-question `value` with its 95 % bootstrap interval over groups; a last row per dataset: the
-    groups each run finished. Datasets in alphabetical order, columns in the order the runs come."""
+    another per-question `value` with its 95 % bootstrap interval over groups, each marked where an answer it counts
+    read past the window (past_window); a last row per dataset: the groups each run finished. Datasets in
+    alphabetical order, columns in the order the runs come."""
     records = complete_groups(records)
     cells: dict = {}
     for (dataset, step, run), frame in records.groupby(["dataset", "step", "run"], sort=False):
@@ -156,13 +185,14 @@ def step_table(records: pd.DataFrame, value: str = "correct") -> pd.DataFrame:
         if values.empty:
             continue
         if value == "correct":
-            cells[(dataset, str(step)), run] = with_interval(values.mean(), *wilson(int(values.sum()), len(values)))
+            cell = with_interval(values.mean(), *wilson(int(values.sum()), len(values)))
         else:
             mean, low, high = bootstrap_mean(values.to_numpy(float), frame.loc[values.index, "group"].to_numpy())
-            cells[(dataset, str(step)), run] = f"{mean:.2f} [{low:.2f}, {high:.2f}]"
+            cell = f"{mean:.2f} [{low:.2f}, {high:.2f}]"
+        cells[(dataset, str(step)), run] = cell + past_window(frame)
     for (dataset, run), frame in records.groupby(["dataset", "run"], sort=False):
         cells[(dataset, "groups"), run] = str(frame["group"].nunique())
-    datasets = sorted(set(records["dataset"]))         # a dataset's rows read past the window beside its others
+    datasets = sorted(set(records["dataset"]))
     rows = [(d, str(s)) for d in datasets for s in sorted(records.loc[records["dataset"] == d, "step"].unique())]
     rows = sorted(rows + [(d, "groups") for d in datasets], key=lambda row: (datasets.index(row[0]), row[1] == "groups"))
     columns = list(dict.fromkeys(records["run"]))
@@ -179,6 +209,21 @@ def with_bounds(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
                          zip(table[column], table[f"{column} low"], table[f"{column} high"])]
         table = table.drop(columns=[f"{column} low", f"{column} high"])
     return table
+
+
+SHARES = ("accuracy",)      # what a task's metrics.csv holds as a share, 0-1 (evals.retention, docs' Passkey)
+
+
+def in_percent(metrics: pd.DataFrame) -> pd.DataFrame:
+    """A task's metrics as every table prints them: each share (SHARES) in % (`accuracy (%)`), with its interval
+    in brackets where metrics.csv has its bounds (`<share>_low`, `<share>_high`): `50.0 [9.5, 90.5]`."""
+    for share in [c for c in SHARES if c in metrics]:
+        bounds = [f"{share}_low", f"{share}_high"]
+        cells = ([with_interval(*values) for values in zip(*(metrics[c] for c in (share, *bounds)))]
+                 if set(bounds) <= set(metrics) else ["" if pd.isna(v) else f"{100 * v:.1f}" for v in metrics[share]])
+        metrics = metrics.drop(columns=bounds, errors="ignore").assign(**{share: cells}).rename(
+            columns={share: f"{share} (%)"})
+    return metrics
 
 
 def bench_table(path: Path, root: Path) -> str:

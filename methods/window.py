@@ -28,6 +28,7 @@ from methods.attention.decoder import cache_keyword
 SCALED = ("yarn", "longrope", "llama3")       # RoPE types that extend a stated pretraining length by `factor`
 DECLARED = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
 BEYOND_MARK = "(past window)"                 # a table's mark on a run that read past its model's trained window
+BEYOND_CELL = "†"                             # a cell's: an answer it counts read past it (a record's beyond_window)
 HOST = torch.device("cpu")                    # position ids here are read at once; an accelerator's wait for take
 WAYS_OUT = "lower model.memory_capacity, or set allow_beyond_window=true to study reads beyond it deliberately"
 

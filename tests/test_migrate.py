@@ -82,7 +82,7 @@ class Passkey(IncompletePasskey):
     tables = {"tab:passkey": "Passkey retrieval, accuracy (%)"}
 
     def metrics(self, records):
-        return pd.DataFrame({"accuracy": [100 * sum(r["correct"] for r in records) / len(records)]})
+        return pd.DataFrame({"accuracy": [sum(r["correct"] for r in records) / len(records)]})     # a share
 
     def run_group(self, session, group):
         yield from ()
@@ -96,7 +96,21 @@ def test_a_task_declares_its_own_table(tmp_path):
     (tmp_path / "p" / "metrics.csv").write_text("method,accuracy\nvanilla,0\n")    # as an older version wrote it
     section = write(tmp_path).read_text().split("## Passkey retrieval, accuracy (%) (`tab:passkey`)")[1]
     assert "Command: `memdefrag task=passkey`" in section
-    assert "| vanilla  |        100 | smollm2 | passkey   |" in section.split("\n## ")[0]     # migrated: recomputed
+    table = section.split("\n## ")[0]
+    assert "|   accuracy (%) |" in table and "| vanilla  |            100 | smollm2 | passkey   |" in table   # in %
+
+
+def test_a_tasks_share_prints_in_percent_with_its_interval_as_every_table_does():
+    """metrics.csv holds accuracy as a share (0.5); its table prints 50.0 and its Wilson interval, as the summary
+    and tab:retention do."""
+    from harness.sections import in_percent
+
+    metrics = pd.DataFrame({"step": [1, 3], "accuracy": [0.5, 1.0], "accuracy_low": [0.095, 0.439],
+                            "accuracy_high": [0.905, 1.0], "n": [2, 3]})
+    assert in_percent(metrics).to_dict("list") == {"step": [1, 3], "accuracy (%)": ["50.0 [9.5, 90.5]",
+                                                                                    "100.0 [43.9, 100.0]"], "n": [2, 3]}
+    assert in_percent(metrics.drop(columns=["accuracy_low", "accuracy_high"]))["accuracy (%)"].tolist() == \
+        ["50.0", "100.0"]
 
 
 def test_migrate_is_a_command_of_its_own(tmp_path):

@@ -40,6 +40,18 @@ def test_the_sweeps_csv_gives_each_accuracy_its_n_and_interval(tmp_path):
     assert (round(row["low"], 2), round(row["high"], 2)) == (23.66, 76.34)          # Wilson, Newcombe (1998)
 
 
+def test_the_sweeps_markdown_names_its_rows_by_dataset_and_step_not_by_tuples(tmp_path):
+    from types import SimpleNamespace
+
+    from harness.summary import SweepSummary
+
+    write_run(tmp_path, "a", [{"group": g, "step": 3, "correct": g < 1} for g in range(2)], dataset="own")
+    SweepSummary().on_multirun_end(SimpleNamespace(hydra=SimpleNamespace(sweep=SimpleNamespace(dir=str(tmp_path)))))
+    lines = (tmp_path / "summary.md").read_text().splitlines()
+    assert lines[0].split() == ["|", "dataset", "|", "step", "|", "vanilla", "|"] and "('own'" not in lines[2]
+    assert lines[2].split() == ["|", "own", "|", "3", "|", "50", "|"]
+
+
 def test_runs_are_named_by_forgetting_and_by_what_varies(tmp_path):
     write_run(tmp_path, "a", [{"group": 0, "step": 10, "correct": True}], "nqa", "top2", query_mode="last")
     write_run(tmp_path, "b", [{"group": 0, "step": 10, "correct": False}], "nqa", "top2", "random", query_mode="last")

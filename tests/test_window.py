@@ -329,7 +329,9 @@ def test_an_older_record_of_a_model_no_longer_at_hand_is_left_as_it_is(short_win
     assert with_beyond_window(config, records) == records
 
 
-def test_a_table_marks_a_run_that_read_past_the_window_and_no_other(tmp_path):
+def test_a_table_marks_a_run_that_read_past_the_window_and_no_other_and_a_step_table_each_cell_that_did(tmp_path):
+    """A step table marks the cells whose answers read past the window (their records' beyond_window), in one row per
+    dataset and step: a run past the window at step 5 is not marked at step 1, where its one fragment fits."""
     assert marked("vanilla", {"trained": 8192, "allow_beyond": True, "records_beyond": 3, "most_beyond": 12}) == \
         "vanilla (past window)"
     assert marked("vanilla", {"trained": 8192, "allow_beyond": True, "records_beyond": 0, "most_beyond": 0}) == \
@@ -337,18 +339,20 @@ def test_a_table_marks_a_run_that_read_past_the_window_and_no_other(tmp_path):
     assert marked("vanilla", None) == "vanilla"                   # a run.json that says nothing of the window
     beyond = {"window": {"trained": 8192, "allow_beyond": True, "records_beyond": 2, "most_beyond": 40}}
     inside = {"window": {"trained": 8192, "allow_beyond": False, "records_beyond": 0, "most_beyond": 0}}
-    steps = [{"group": g, "step": 1, "correct": g == 0, "memory_tokens": 10, "seconds": {"decode": 1.0}}
-             for g in (0, 1)]
-    for dataset, info in (("nqa", beyond), ("synthetic", inside)):
-        fake_run(tmp_path / "r" / dataset, "Retention", "vanilla", steps, info=info, dataset=dataset)
+    steps = [{"group": g, "step": s, "correct": g == 0, "memory_tokens": 10, "seconds": {"decode": 1.0},
+              "beyond_window": 40 * (s == 5 and g == 1)} for g in (0, 1) for s in (1, 5)]
+    inside_steps = [{**r, "beyond_window": 0} for r in steps]
+    for dataset, info, records in (("nqa", beyond, steps), ("synthetic", inside, inside_steps)):
+        fake_run(tmp_path / "r" / dataset, "Retention", "vanilla", records, info=info, dataset=dataset)
     for method, info in (("memdefrag_top1", beyond), ("text", inside)):
         fake_run(tmp_path / "p" / method, "Retention", method, steps, info=info, study="peers", dataset="synthetic")
     readme = write(tmp_path).read_text()
-    assert 'A run marked "(past window)"' in readme                                          # the legend
+    assert 'A cell marked "†"' in readme and '"(past window)" (a run' in readme              # the legend
     retention = readme.split("(`tab:retention`)")[1].split("\n## ")[0]
-    assert re.search(r"\| nqa \(past window\) +\| 1 +\| 50.0 ", retention)
-    assert re.search(r"\| synthetic +\| 1 ", retention)
-    assert retention.count("vanilla") == 1                                 # one column per method, its rows marked
+    assert re.search(r"\| nqa +\| 1 +\| 50.0 \[9.5, 90.5\] +\|", retention)           # one fragment: inside
+    assert re.search(r"\| nqa +\| 5 +\| 50.0 \[9.5, 90.5\] † +\|", retention)
+    assert re.search(r"\| synthetic +\| 5 +\| 50.0 \[9.5, 90.5\] +\|", retention)
+    assert "past window" not in retention and retention.count("vanilla") == 1           # one column, no row split
     peers = [[c.strip() for c in line.strip("|").split("|")] for line in
              readme.split("(`tab:peers`)")[1].split("\n## ")[0].splitlines() if line.startswith("| smollm2")]
     assert [(row[2], row[-1]) for row in peers] == [("text", "+0.0 (p 1, n 2)"),
