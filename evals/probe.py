@@ -61,6 +61,7 @@ class Probe:
         self.select_by = select_by
         self.source = Retention(dataset, data_dir, groups, updates=fragments, seed=seed,
                                 max_context_tokens=max_context_tokens)
+        self.source.updates_option = "task.fragments"
 
     def check(self) -> None:
         self.source.check()

@@ -42,6 +42,7 @@ class Retention:
 
     tables = ("tab:retention", "tab:retention_comparison", "tab:forgetting_rank", "tab:forgetting_seconds")
     marks_targets = True                  # each question names the stored fragment holding its answer
+    updates_option = "task.updates"       # the option that sets the updates, as messages name it
     def __init__(self, dataset: datasets.Dataset = "synthetic", data_dir: str | None = None, groups: int = 20,
                  updates: int = 20, eval_steps: list[int] | None = None, shuffle: bool = True,
                  seed: int = 42, max_context_tokens: int = 512):
@@ -81,7 +82,7 @@ class Retention:
             raise ConfigError(
                 f"task.dataset={self.dataset!r} offers {len(chosen)} targets within {self.max_context_tokens} "
                 f"tokens and {len(unrelated)} unrelated contexts; task.groups={self.n_groups} and "
-                f"task.updates={self.updates} need {self.n_groups} and {self.updates - 1}")
+                f"{self.updates_option}={self.updates} need {self.n_groups} and {self.updates - 1}")
         distractors = tuple(self._cut(tokenizer, u) + "\n\n" for u in unrelated[: self.updates - 1])
         return [Group(i, t, distractors) for i, t in enumerate(chosen)]
 

@@ -278,7 +278,7 @@ CASES = [
     # counts the data cannot supply, and a memory the task stores that cannot fit the window (issue 55)
     (["task.updates=1000000000"], "task.groups=20 and task.updates=1000000000 need 20 and 999999999"),
     (["task=distortion", "task.updates=1000000000"], "task.updates=1000000000 need 20 and 999999999"),
-    (["task=probe", "task.fragments=1000000000"], "task.updates=1000000000 need 50 and 999999999"),
+    (["task=probe", "task.fragments=1000000000"], "task.groups=50 and task.fragments=1000000000 need 50 and 999999999"),
     (["task=probe"], "task Probe: group 39 stores 20 fragments of 10115 tokens in all, none forgotten: a full memory's "
      "read (sink 1 + 10115 + prompt 30 + answer budget 32 - 1) takes 10177 positions, 1985 past model smollm2's "
      "trained window of 8192: store fewer or shorter fragments"),
