@@ -37,6 +37,7 @@ from harness.models import ModelSpec
 from harness.results import folder_name
 from harness.runner import Backend
 from methods.formation import Formation, Residence
+from methods.generation import Decode
 from methods.prompting import PromptStyle
 
 CONF = Path(__file__).parent
@@ -109,6 +110,8 @@ class RunSchema:
     memory_on: Residence = Residence.model
     prompt: PromptStyle = SI("${model.prompt}")
     max_new_tokens: int = 32
+    decode: Optional[Decode] = None         # methods/generation.py: eager | captured; null: captured on a GPU
+    reuse_formed: bool = True               # false (timed studies): every group forms every fragment it reads
     allow_beyond_window: bool = False       # methods/window.py: reads past the trained window run, labelled
     threads: Optional[int] = None
     seed: int = 0

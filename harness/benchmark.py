@@ -8,7 +8,11 @@ another for each of them) and of --repeats other questions over the same memory 
 memory and its prompt's shared head for the next question), the methods taking turns question by question
 in one process, thread count, device and dtype stated. --methods also takes the peers (text: the fragments'
 text prefilled in full for every question; ape, epic, cacheblend at their defaults), with the share of memory
-tokens each recomputes (averaged over the layers). --hidden-prefix also times the paper's formulation and checks
+tokens each recomputes (averaged over the layers). Beside the methods, the anchor: transformers' own
+`generate(cache_implementation="static")` on the same model over the same tokens as full prefill reads (the
+fragments' text, then the question), its per-token time the best of --repeats, each row's per-token time also stated
+as a ratio to it (on a GPU transformers compiles that step and replays it as a CUDA graph; on a CPU it steps its
+static cache eagerly). --hidden-prefix also times the paper's formulation and checks
 that its outputs equal the fast backend's (many minutes per point on a CPU). --shape runs a randomly
 initialised model of a real shape (speed and memory only, never accuracy) instead of the embedded
 SmolLM2; on a GPU the peak memory is the CUDA allocator's.
@@ -48,7 +52,8 @@ from methods.baselines import NoMemory, TextMemory, Vanilla
 from methods.peers.ape import APE
 from methods.peers.cacheblend import CacheBlend
 from methods.peers.epic import EPIC
-from methods.generation import clock
+from methods.generation import Decode, clock, default_decode
+from methods.prompting import format_prompt
 from methods.session import Answer, Session
 
 
@@ -186,14 +191,15 @@ class PeakMemory:
         return self.peak[key] / 2**30 if self.cuda else None
 
 
-def sessions_of(model, tokenizer, methods: dict, backends: dict, new_tokens: int) -> dict:
+def sessions_of(model, tokenizer, methods: dict, backends: dict, new_tokens: int, decode: str | None = None) -> dict:
     """A session per (method, backend that can read its memory), no memory on the fast backend only; no session
     stops at an end-of-turn id, so that every method decodes `new_tokens`."""
     sessions = {}
     for method_name, method in methods.items():
         for backend_name, backend in backends.items():
             if backend_name in method.backends and (method_name != "none" or backend_name == "fast"):
-                session = Session(model, tokenizer, backend(model), method, "shared_sink", "chat", new_tokens)
+                session = Session(model, tokenizer, backend(model), method, "shared_sink", "chat", new_tokens,
+                                  decode=decode)
                 session.stop = set()
                 sessions[method_name, backend_name] = session
     return sessions
@@ -263,6 +269,36 @@ def best_seconds(work, device, repeats: int = 5) -> float:
     return min(times)
 
 
+class Stamps:
+    """A streamer for `generate` that notes when each token reached the host (generate hands it over once its
+    stop check has read it): the first put is the prompt, each later one a token."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.times = device, []
+
+    def put(self, value) -> None:
+        self.times.append(clock(self.device))
+
+    def end(self) -> None:
+        pass
+
+
+def static_generate_ms(model, ids: torch.Tensor, new_tokens: int, repeats: int) -> float:
+    """Per generated token, transformers' own greedy `generate(cache_implementation="static")` on `ids` [T]
+    (every one of `new_tokens` decoded: min_new_tokens): the best of `repeats` runs after a warm-up (a GPU's
+    compilation), from the first token to the last."""
+    inputs = ids.view(1, -1).to(model.device)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        stamps = Stamps(model.device)
+        model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, do_sample=False, cache_implementation="static", streamer=stamps,
+                       pad_token_id=model.generation_config.eos_token_id or 0)
+        token_times = stamps.times[1:]
+        best = min(best, (token_times[-1] - token_times[0]) / max(len(token_times) - 1, 1))
+    return 1000 * best
+
+
 def timings(answers: list[Answer], updates: int) -> dict:
     """From one session's answers (before the updates, right after each of them, then the others): the fastest
     total right after an update and the fastest other answer's phases, time to first token, per-token and
@@ -296,6 +332,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, nargs="+", default=[1, 2], help="MemDefrag Top-K values to time")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens every method generates")
     parser.add_argument("--hidden-prefix", action="store_true", help="also time the paper's formulation")
+    parser.add_argument("--decode", choices=[d.value for d in Decode], help="how answers decode (default: captured "
+                        "on a GPU, eager elsewhere)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:<index> or auto")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES), help="a random model of this shape")
@@ -366,12 +404,15 @@ def main(argv: list[str] | None = None) -> None:
             former.store(memory, text)
         memory.reorder([*torch.randperm(n - 1, generator=torch.Generator().manual_seed(0)).tolist(), n - 1])
         stand_ins = [former.next_fragment(memory, other.texts()[n - 1]) for other in others[1:args.repeats]]
-        sessions = sessions_of(model, tokenizer, methods, backends, args.new_tokens)
+        sessions = sessions_of(model, tokenizer, methods, backends, args.new_tokens, args.decode)
         per_session = timed(sessions, memory, stand_ins, questions, PeakMemory(model.device))
+        anchor_ids = torch.cat([memory.text_ids(), format_prompt(tokenizer, questions[-1], "chat")])
+        anchor = static_generate_ms(model, anchor_ids, args.new_tokens, args.repeats)
         for (method_name, backend_name), timing in per_session.items():
             floors = hardware.floors(model, timing["prompt_tokens"], timing["recomputed"])
             rows.append({"n": n, "memory_tokens": memory.n_tokens, "method": method_name, "backend": backend_name,
                          **timing, **floors, "per_token_vs_floor": timing["per_token_ms"] / floors["floor_ms_per_token"],
+                         "static_generate_ms": anchor, "per_token_vs_static_generate": timing["per_token_ms"] / anchor,
                          "ttft_vs_floor": timing["ttft_s"] / floors["floor_ttft_s"]})
         print(pd.DataFrame(rows).drop(columns="output").tail(len(sessions)).to_string(index=False),
               flush=True)
@@ -382,7 +423,9 @@ def main(argv: list[str] | None = None) -> None:
              f"after an update and of {args.repeats} others over the same memory, methods taking turns; the floors: "
              f"weights read once per token at the copy bandwidth measured here ({hardware.bandwidth / 1e9:.3g} GB/s), "
              f"2 FLOPs per parameter per token run before the first at the matmul rate measured here "
-             f"({hardware.flops / 1e12:.3g} TFLOP/s)")
+             f"({hardware.flops / 1e12:.3g} TFLOP/s); the anchor: transformers' generate(cache_implementation="
+             f"'static') per token over the fragments' text and the question ({'compiled, a CUDA graph' if model.device.type == 'cuda' else 'not compiled off a GPU'}), best of {args.repeats}; "
+             f"decode={args.decode or default_decode(model.device)}")
     text = table.astype(object).where(table.notna(), "").to_markdown(index=False, floatfmt=".3g")
     print(f"\n{where}\n{text}")
     if args.out:

@@ -71,3 +71,20 @@ class FormedFragments(Mapping):
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+class Unkept(Mapping):
+    """Former's `reuse` in a timed study (reuse_formed=false): holds nothing, so every group forms, and is charged,
+    every fragment it reads, whatever ran before it in the process."""
+
+    def __setitem__(self, key, fragment: Fragment) -> None:
+        pass
+
+    def __getitem__(self, key) -> Fragment:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0

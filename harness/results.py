@@ -136,7 +136,8 @@ def digest(lines: list[str]) -> str:
 
 class ResultFolder:
     # settings that do not change a run's answers: a resumed run may change them
-    FREE = ("threads", "logger", "resume", "allow_beyond_window")   # change no answer (the last: whether one runs)
+    FREE = ("threads", "logger", "resume", "allow_beyond_window",   # change no answer (allow_beyond_window: whether
+            "reuse_formed")                                         # one runs; reuse_formed: what formation costs)
 
     def __init__(self, folder: str | Path, cfg, resume: bool = True):
         self.folder = Path(folder)
@@ -252,7 +253,7 @@ class ResultFolder:
 # Settings added after runs were written, at the value those runs had (the behaviour before the setting
 # existed), so that an old run resumes, pairs in `memdefrag compare`, keeps its label and is migrated
 # (`memdefrag migrate`) without a guess.
-LATER_SETTINGS = {"memory_on": "model", "shard": None, "resume": True, "study": None,
+LATER_SETTINGS = {"memory_on": "model", "shard": None, "resume": True, "study": None, "decode": None,
                   "allow_beyond_window": True,      # nothing was refused before the window check: every read ran
                   "forgetting": {"_target_": "methods.forgetting.NoForgetting", "label": "unbounded"},
                   "compression": {"_target_": "methods.compression.compressor.NoCompression", "label": "none"}}

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from harness import selfcheck, shards
 from harness.errors import ConfigError
-from harness.formed import FormedFragments
+from harness.formed import FormedFragments, Unkept
 from harness.models import ModelSpec, check_source, load, one_line_cause
 from harness.plugins import (answer_budget, build, check_first_record, check_groups, check_record, checked,
                              prompt_positions, refused)
@@ -29,6 +29,7 @@ from methods.forgetting import CapacityError
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.formation import formation_header, sink_ids
+from methods.generation import default_decode
 from methods.prompting import format_prompt
 from methods.session import Session
 from methods.window import Window, WindowError, check_capacity, trained_window, window_summary
@@ -195,7 +196,7 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
     model, tokenizer, backend, verdict = ready(spec, cfg.backend)
     reset_peak_memory()             # after the self-check, whose fp32 weights are a load transient (docs/gpu.md)
     label = cfg.method.label
-    formed = formed_fragments(spec)
+    formed = formed_fragments(spec) if cfg.reuse_formed else Unkept()    # a timed study: each group forms its own
     compressed: list[dict] = []
     window = Window(trained_window(model.config), cfg.allow_beyond_window, spec.name)
     if folder.done:
@@ -208,7 +209,7 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
                       initial=len(folder.done), total=len(groups)):
         session = Session(model, tokenizer, backend, method.for_group(group.index), cfg.formation, cfg.prompt,
                           cfg.max_new_tokens, reuse=formed, forgetting=forgetting.for_group(group.index),
-                          compressor=compressor, memory_on=cfg.memory_on, window=window)
+                          compressor=compressor, memory_on=cfg.memory_on, window=window, decode=cfg.decode)
         start, answered = time.perf_counter(), []
         try:
             with window.watching(model):
@@ -228,7 +229,8 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
     metrics = metrics_table(task, records, label)
     info = {"method": label, "forgetting": cfg.forgetting.label, "capacity": forgetting.capacity,
             "model": spec.name, "dtype": spec.dtype, "device": str(model.device), "self_check": verdict,
-            "backend": cfg.backend, "compression": compression_summary(compressor, compressed),
+            "backend": cfg.backend, "decode": cfg.decode or default_decode(model.device),
+            "reuse_formed": cfg.reuse_formed, "compression": compression_summary(compressor, compressed),
             "task": task.describe(),
             "formation": cfg.formation, "prompt": cfg.prompt, "groups": len(groups), "threads": torch.get_num_threads(),
             "window": window_summary(window.limit, cfg.allow_beyond_window, records),

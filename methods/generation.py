@@ -1,12 +1,25 @@
-"""Greedy decoding from a prefilled cache, shared by every backend and method."""
+"""Greedy decoding from a prefilled cache, shared by every backend and method: step by step on the cache as the
+prefill left it (`eager`), or on fixed tensors over a cache of fixed size, replayed as one CUDA graph per token on a
+GPU (`captured`: a decoding step is ~1,450 small kernels on an 8B model, whose launches, not the weights' reads,
+bound an eager step)."""
 
 from __future__ import annotations
 
 import time
+from enum import StrEnum
 
 import torch
+from transformers.cache_utils import Cache, StaticLayer
 
 from methods.attention.decoder import cache_keyword
+
+Decode = StrEnum("Decode", ["eager", "captured"])
+
+
+def default_decode(device: torch.device) -> str:
+    """captured on a GPU; eager elsewhere (a CPU launches no kernels to save, and the fixed-size cache's masked
+    tail costs it work)."""
+    return "captured" if device.type == "cuda" else "eager"
 
 
 def clock(device: torch.device) -> float:
@@ -42,9 +55,102 @@ class Look:
         return self.landed is None or self.landed.query()
 
 
+class ReadLayer(StaticLayer):
+    """transformers' StaticLayer over a read's own buffers: keys/values [1, kv_heads, capacity, head_dim], the
+    first `filled` positions the read (memory view and prompt), the rest zeroed (masked, yet a value read under a
+    zero weight must not be NaN), written in place at `cumulative_length` (a device tensor) by each step."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int):
+        super().__init__(keys.shape[2])
+        keys[:, :, filled:].zero_()
+        values[:, :, filled:].zero_()
+        self.keys, self.values, self.device, self.dtype = keys, values, keys.device, keys.dtype
+        self.batch_size, self.num_heads, _, self.k_head_dim = keys.shape
+        self.v_head_dim = values.shape[-1]
+        self.cumulative_length = torch.tensor(filled, device=keys.device)
+        self.is_initialized = True
+
+
+def fixed(cache: Cache, budget: int) -> Cache:
+    """The cache as one of fixed size with room for `budget` more positions: each layer's own buffers where they
+    have that room (the fast backend sizes them for the read: memory view + prompt + answer budget), else new
+    ones the filled part is copied into (hidden_prefix's and text memory's grown caches)."""
+    layers = []
+    for layer in cache.layers:
+        filled = layer.keys.shape[2]
+        keys, values = getattr(layer, "_k", None), getattr(layer, "_v", None)     # PrefixLayer's buffers
+        if keys is None or keys.shape[2] < filled + budget:
+            keys, values = (torch.cat([t, t.new_empty(*t.shape[:2], budget, t.shape[3])], dim=2)
+                            for t in (layer.keys, layer.values))
+        layers.append(ReadLayer(keys, values, filled))
+    return Cache(layers=layers)
+
+
+class EagerStep:
+    """Today's step: the model on the last id at the next position, the cache growing by one."""
+
+    def __init__(self, model, cache, position: int, max_new_tokens: int):
+        self.model, self.cache, self.keyword = model, cache, cache_keyword(model)
+        self.positions = torch.arange(position, position + max_new_tokens, device=model.device).view(1, -1)
+        self.done = 0
+
+    def __call__(self, last: torch.Tensor) -> torch.Tensor:
+        step = self.model(input_ids=last, **{self.keyword: self.cache},
+                          position_ids=self.positions[:, self.done:self.done + 1], use_cache=True)
+        self.done += 1
+        return step.logits[0, -1].argmax().view(1, 1)
+
+
+class CapturedStep:
+    """The step on fixed tensors (the last id, its position) over `fixed(cache)`: run as is on a CPU; on a GPU the
+    first step runs on a side stream (warm-up), the second is captured as a CUDA graph (recorded, not run) and
+    every step from then on replays it. The graph is the read's: its cache is sized for this read only."""
+
+    pools: dict = {}                # device -> the graph memory pool every read's graph draws from in turn
+
+    def __init__(self, model, cache, position: int, max_new_tokens: int):
+        self.model, self.keyword = model, cache_keyword(model)
+        self.cache = fixed(cache, max_new_tokens)
+        device = model.device
+        self.ids = torch.zeros((1, 1), dtype=torch.long, device=device)
+        self.position = torch.full((1, 1), position, dtype=torch.long, device=device)
+        self.next = self.ids
+        self.cuda, self.graph, self.calls = device.type == "cuda", None, 0
+
+    def forward(self) -> None:
+        logits = self.model(input_ids=self.ids, **{self.keyword: self.cache}, position_ids=self.position,
+                            use_cache=True).logits
+        self.next = logits[0, -1].argmax().view(1, 1)
+        self.position.add_(1)
+
+    def __call__(self, last: torch.Tensor) -> torch.Tensor:
+        self.ids.copy_(last)
+        self.calls += 1
+        if not self.cuda:
+            self.forward()
+        elif self.graph is not None:
+            self.graph.replay()
+        elif self.calls == 1:
+            side = torch.cuda.Stream(self.model.device)
+            side.wait_stream(torch.cuda.current_stream(self.model.device))
+            with torch.cuda.stream(side):
+                self.forward()
+            torch.cuda.current_stream(self.model.device).wait_stream(side)
+        else:
+            pool = self.pools.setdefault(self.model.device, torch.cuda.graph_pool_handle())
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=pool):
+                self.forward()
+            self.graph.replay()
+        return self.next.clone()
+
+
+STEPS = {Decode.eager: EagerStep, Decode.captured: CapturedStep}
+
+
 @torch.no_grad()
 def greedy(model, logits: torch.Tensor, cache, position: int, max_new_tokens: int, stop: set[int],
-           check_every: int | None = None) -> list[int]:
+           check_every: int | None = None, decode: str = "eager") -> list[int]:
     """Continue greedily from the last row of `logits` [p, vocab] until a stop id or the budget; the ids before
     the first stop id.
 
@@ -52,15 +158,15 @@ def greedy(model, logits: torch.Tensor, cache, position: int, max_new_tokens: in
     asked whether a stop id came (default: CHECK_EVERY on a GPU; every token on a CPU, where a look costs nothing
     and a step past the stop would), and its answer is read once it has reached the host (`Look`), so the host
     never waits for the device inside the loop. The steps decoded past a stop are dropped; the ids are those of a
-    loop that stops at once. The ids are read to the host once, at the end."""
+    loop that stops at once. The ids are read to the host once, at the end. decode: how each step runs (STEPS);
+    the stop check is the same for both."""
     device = model.device
     if max_new_tokens < 1:
         return []
     check_every = check_every or (1 if device.type == "cpu" else CHECK_EVERY)
-    positions = torch.arange(position, position + max_new_tokens, device=device).view(1, -1)
     stops = torch.tensor(sorted(stop), dtype=torch.long, device=device)
     ids = [logits[-1].argmax().view(1, 1)]
-    keyword = cache_keyword(model)
+    step = STEPS[decode](model, cache, position, max_new_tokens) if max_new_tokens > 1 else None
     looks: list[Look] = []                  # asked, not yet read
     while len(ids) < max_new_tokens:
         if len(ids) % check_every == 0:
@@ -69,9 +175,7 @@ def greedy(model, logits: torch.Tensor, cache, position: int, max_new_tokens: in
             if any(look.answer for look in landed):
                 break
             looks = [look for look in looks if look not in landed]
-        step = model(input_ids=ids[-1], **{keyword: cache}, position_ids=positions[:, len(ids) - 1:len(ids)],
-                     use_cache=True)
-        ids.append(step.logits[0, -1].argmax().view(1, 1))
+        ids.append(step(ids[-1]))
     out = torch.cat(ids).view(-1).tolist()
     first_stop = next((i for i, token in enumerate(out) if token in stop), len(out))
     return out[:first_stop]

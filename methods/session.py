@@ -14,7 +14,8 @@ from methods.base import Method, Question, taken
 from methods.compression.compressor import Compression, NoCompression
 from methods.forgetting import Forgetting, NoForgetting
 from methods.formation import Former, formation_header
-from methods.generation import clock, greedy, stop_ids
+from methods.errors import one_of
+from methods.generation import Decode, clock, default_decode, greedy, stop_ids
 from methods.memory import LatentMemory
 from methods.prompting import format_prompt, read_prompt
 from methods.backends.text_prefix import TextPrefix
@@ -46,12 +47,15 @@ class Session:
     def __init__(self, model, tokenizer, backend, method: Method, formation: str, prompt: str,
                  max_new_tokens: int = 32, reuse: dict | None = None,
                  forgetting: Forgetting | NoForgetting | None = None, compressor: Compression | None = None,
-                 memory_on: str = "model", window: Window | None = None):
-        """window: what counts the positions of every read against the model's (none: nothing counts)."""
+                 memory_on: str = "model", window: Window | None = None, decode: str | None = None):
+        """window: what counts the positions of every read against the model's (none: nothing counts); decode:
+        how an answer's steps run (methods/generation.py: eager, captured; None: the device's default)."""
         self.model, self.tokenizer, self.backend, self.method = model, tokenizer, backend, method
         method.with_tokenizer(tokenizer)
         self.window = window or Window(None)
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
+        self.decode = decode or default_decode(model.device)
+        one_of("decode", self.decode, Decode)
         self.compressor = compressor or NoCompression()
         self.compressed: list[dict] = []    # per stored fragment under compression: tokens before and after
         if method.keeps_own_memory:         # the model's own memory: it writes and admits
@@ -140,7 +144,7 @@ class Session:
                 memory_tokens = len(text_ids)
             t2 = clock(device)
             self.window.decode()
-            new_ids = greedy(self.model, logits, cache, position, max_new_tokens, self.stop)
+            new_ids = greedy(self.model, logits, cache, position, max_new_tokens, self.stop, decode=self.decode)
             t3 = clock(device)
         recomputed = float(memory_tokens) if latent is None else \
             plan.reading.recomputed(latent.n_tokens, num_layers(self.model.config))     # text: every token runs

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The GPU figures on one GPU with random weights of Llama-3.1-8B's shape (speed and memory only, never accuracy):
-# the per-question speed table in bf16 and fp16, the peers' time to first token at N_max (tab:peers), then the
+# the per-question speed table in bf16 and fp16 (every table beside transformers' generate(cache_implementation=
+# "static") on the same tokens, the anchor), the captured decode against the eager loop at N_max for none, vanilla
+# and Top-2 (issue 56: per token <= 1.5x the floor and <= the anchor), the peers' time to first token at N_max
+# (tab:peers), then the
 # paper's tab:runtime (a 50-update group, Top-1 and vanilla, informativeness forgetting, asked at 10..50) and
 # tab:gpu-memory (step 50, memory full at N_max)
 # through the harness on a saved random checkpoint; then MemoryLLM and M+ of the same size (random checkpoints of
@@ -45,12 +48,19 @@ for dtype in bfloat16 float16; do
   memdefrag-bench --device cuda --dtype "$dtype" --shape llama31_8b --sizes 10 26 --repeats 3 "${tok[@]}" \
     --data-dir "$data" --out "$out/speed_gpu_$dtype.md"
 done
+# the captured decode (the default on CUDA) against the eager loop at N_max, none, vanilla and Top-2, bf16
+for decode in captured eager; do
+  memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --sizes 26 --repeats 3 --methods none vanilla \
+    memdefrag --k 2 --decode "$decode" "${tok[@]}" --data-dir "$data" --out "$out/decode_${decode}_bfloat16.md"
+done
 # tab:peers at the paper's N_max (26 NaturalQA fragments): full prefill, vanilla, MemDefrag and the peers, bf16
 memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --sizes 26 --repeats 3 --data-dir "$data" \
   "${tok[@]}" --methods none text vanilla memdefrag ape epic cacheblend --out "$out/peers_speed_gpu_bfloat16.md"
 checkpoint llama31_8b "$ckpt/llama31_8b"
 model="model=hf model.source=$ckpt/llama31_8b model.name=llama31_8b_random model.dtype=bfloat16
        model.tracer_layer=13 model.query_mode=last model.memory_capacity=12800"
+# tab:runtime: experiment=runtime sets reuse_formed=false, so each group forms (and is charged) every fragment it
+# reads, whatever job ran before it; decode=captured (CUDA's default)
 # shellcheck disable=SC2086
 memdefrag experiment=runtime $model task.groups=2 method=vanilla,memdefrag_top1,memdefrag_top2 \
   task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime"

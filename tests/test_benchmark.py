@@ -142,3 +142,19 @@ def test_a_random_checkpoint_states_its_size_first_and_is_refused_where_the_disk
         main(["--shape", "tiny", "--save-random", str(tmp_path / "full")])
     err = capsys.readouterr().err.strip()
     assert stopped.value.code == 2 and "\n" not in err and "GB free" in err and not (tmp_path / "full").exists()
+
+
+def test_each_rows_per_token_time_is_stated_against_transformers_static_generate(tmp_path):
+    """The anchor (issue 56): transformers' own generate(cache_implementation="static") timed in the same run, on
+    the same model over the tokens full prefill reads, and every row's per-token time as a ratio to it."""
+    out = tmp_path / "speed.md"
+    main(["--shape", "tiny", "--sizes", "2", "--new-tokens", "4", "--repeats", "1", "--methods", "none", "vanilla",
+          "--decode", "captured", "--out", str(out)])
+    header, _, *lines = out.read_text().splitlines()
+    table = pd.DataFrame([[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]],
+                         columns=[c.strip() for c in lines[0].strip("|").split("|")])
+    anchor = table.static_generate_ms.astype(float)
+    assert len(set(anchor)) == 1 and anchor.iloc[0] > 0
+    ratio = table.per_token_ms.astype(float) / anchor
+    assert (abs(table.per_token_vs_static_generate.astype(float) / ratio - 1) < 0.01).all()
+    assert "the anchor: transformers' generate(cache_implementation='static')" in header and "decode=captured" in header

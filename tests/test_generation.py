@@ -1,0 +1,130 @@
+"""The captured decode (methods/generation.py): fixed buffers and inputs, a CUDA graph on a GPU. On a CPU its step
+runs as is on the same fixed tensors, so its answers can be held to the eager loop's, token for token: on every
+tiny family, for every backend and every kind of read (none, text, the whole memory, a Top-2 view, APE's parallel
+read, CacheBlend's recomputed one), and on the embedded models over the regression cache's experiments. The step
+traces whole under torch.compile(fullgraph=True): no branch on a device value, so no host sync inside what a GPU
+captures."""
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+from harness.results import read_jsonl
+from harness.runner import run
+from methods.backends.hidden_prefix import HiddenPrefixBackend
+from methods.backends.kv_prefix import KVPrefixBackend
+from methods.baselines import NoMemory, TextMemory, Vanilla
+from methods.errors import ConfigError
+from methods.generation import CapturedStep, default_decode
+from methods.memdefrag import MemDefrag
+from methods.peers.ape import APE
+from methods.peers.cacheblend import CacheBlend
+from methods.session import Session
+from tests.conftest import EXPERIMENTS, FRAGMENTS, sweep_points
+
+READS = {"none": (NoMemory, "shared_sink"), "text": (TextMemory, "shared_sink"), "vanilla": (Vanilla, "shared_sink"),
+         "top2": (lambda: MemDefrag(2, 1, "mean"), "shared_sink"), "ape": (APE, "shared_prefix"),
+         "cacheblend": (lambda: CacheBlend(0.5), "shared_sink")}
+
+
+def answers(model, tokenizer, backend, read: str, decode: str, new_tokens: int = 12) -> list[str]:
+    """Two questions' answers (the full budget: no stop id) over FRAGMENTS, decoding as `decode` says."""
+    method, formation = READS[read]
+    session = Session(model, tokenizer, backend(model), method(), formation, "plain", new_tokens, decode=decode)
+    session.stop = set()
+    for text in FRAGMENTS:
+        session.store(text)
+    return [session.ask(q).text for q in ("where did the cat sit", "what jumps")]
+
+
+def test_captured_answers_are_the_eager_ones_on_every_family(family_model, tokenizer):
+    """A Top-2 view on every family (sliding windows, latent attention, sinks, no-rotary layers included)."""
+    assert answers(family_model, tokenizer, KVPrefixBackend, "top2", "captured") == \
+        answers(family_model, tokenizer, KVPrefixBackend, "top2", "eager")
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("read", sorted(READS))
+def test_captured_answers_are_the_eager_ones_for_every_read(tokenizer, family, read):
+    from tests.conftest import tiny_model
+    model = tiny_model(family)
+    assert answers(model, tokenizer, KVPrefixBackend, read, "captured") == \
+        answers(model, tokenizer, KVPrefixBackend, read, "eager")
+
+
+def test_captured_answers_are_the_eager_ones_on_hidden_prefix(llama, tokenizer):
+    """hidden_prefix decodes from a grown DynamicCache: the fixed cache copies it into buffers with room."""
+    for read in ("vanilla", "top2"):
+        assert answers(llama, tokenizer, HiddenPrefixBackend, read, "captured") == \
+            answers(llama, tokenizer, HiddenPrefixBackend, read, "eager")
+
+
+def test_the_captured_step_has_no_branch_on_a_device_value(llama, tokenizer):
+    """What a CUDA graph captures must not wait for the device: dynamo traces the step whole (fullgraph) only if
+    no Python branch reads a tensor's value (a host sync on a GPU)."""
+    backend = KVPrefixBackend(llama)
+    session = Session(llama, tokenizer, backend, Vanilla(), "shared_sink", "plain", 8)
+    for text in FRAGMENTS:
+        session.store(text)
+    prompt = session.prompt_ids("where did the cat sit")
+    logits, cache, position = backend.prefill(session.memory, prompt, room=8, logits_to_keep=1)
+    step = CapturedStep(llama, cache, position, 8)
+    step.ids.copy_(logits[-1].argmax().view(1, 1))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(step.forward, fullgraph=True, backend="eager")()
+    assert int(step.position) == position + 1
+
+
+def test_decode_defaults_to_the_device_and_refuses_an_unknown_one(llama, tokenizer):
+    assert default_decode(torch.device("cpu")) == "eager" and default_decode(torch.device("cuda")) == "captured"
+    assert Session(llama, tokenizer, KVPrefixBackend(llama), Vanilla(), "shared_sink", "plain").decode == "eager"
+    with pytest.raises(ConfigError, match=r"decode='graph' is not one of \['eager', 'captured'\]"):
+        Session(llama, tokenizer, KVPrefixBackend(llama), Vanilla(), "shared_sink", "plain", decode="graph")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["smollm2", "gemma3_270m"])
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_captured_answers_are_the_eager_ones_on_the_embedded_models(tmp_path, experiment, model):
+    """Every regression-cache experiment's first point on the embedded model, one group, 16-token answers: the
+    captured decode's records answer as the eager loop's, token for token."""
+    if experiment in ("memoryllm_comparison", "mplus_comparison"):
+        pytest.skip("MemoryLLM and M+ decode with their own model's generate, not methods/generation.py")
+    point = [o for o in sweep_points(experiment, keep_first=("model", "compression.rate"))[0]
+             if not o.startswith("model=")]
+    answered = {}
+    for decode in ("eager", "captured"):
+        with initialize_config_module("conf", version_base="1.3"):
+            cfg = compose("config", overrides=[f"experiment={experiment}", *point, f"model={model}", "logger=none",
+                                               "task.groups=1", "max_new_tokens=16", "threads=1",
+                                               f"decode={decode}"])
+        if "max_context_tokens" in cfg.task:
+            cfg.task.max_context_tokens = 200
+        run(cfg, str(tmp_path / decode))
+        answered[decode] = [(r["step"], r["output"]) for r in read_jsonl(tmp_path / decode / "predictions.jsonl")]
+    assert answered["captured"] == answered["eager"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("read", sorted(READS))
+def test_the_cuda_graph_answers_as_the_eager_loop_on_cuda(tokenizer, read):
+    """On CUDA the captured step is a CUDA graph, replayed from the third token on: its answers are the eager
+    loop's (float32, so that no near tie of two logits flips under another kernel's order), and it was captured."""
+    from tests.conftest import tiny_model
+    model = tiny_model("llama").cuda()
+    captured = []
+    real = CapturedStep.__call__
+
+    def noted(step, last):
+        out = real(step, last)
+        captured.append(step.graph is not None)
+        return out
+
+    CapturedStep.__call__ = noted
+    try:
+        on_graph = answers(model, tokenizer, KVPrefixBackend, read, "captured")
+    finally:
+        CapturedStep.__call__ = real
+    assert on_graph == answers(model, tokenizer, KVPrefixBackend, read, "eager") and any(captured)
