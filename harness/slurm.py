@@ -99,7 +99,7 @@ def job_error(err: Exception) -> str:
     return lines[rules[1] - 1] if len(rules) > 1 else lines[0]
 
 
-def said(state: str) -> str:
+def shown(state: str) -> str:
     """A state as a status line says it: `pending (Resources)` (the reason as SLURM prints it)."""
     word, space, reason = state.partition(" ")
     return word.lower() + space + reason
@@ -201,7 +201,7 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
                 waiting = [job for job in jobs if not job.paths.result_pickle.exists()]
                 states = self.states(waiting) if waiting else {}
                 counts = sorted(Counter(states.values()).items())
-                line = ", ".join([*(f"{n} {said(state)}" for state, n in counts),
+                line = ", ".join([*(f"{n} {shown(state)}" for state, n in counts),
                                   f"{len(jobs) - len(waiting)} of {len(jobs)} done"])
                 # a job just (re)queued is PENDING without a reason until SLURM's next pass: the line waits for it
                 bare = "PENDING" in states.values()
