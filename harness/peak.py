@@ -40,8 +40,9 @@ def terms(dims: Dims, weight_bytes: int, b: int, memory_tokens: int, view_tokens
     included); fragment_tokens: one formed fragment's; formed_bytes: the formed-fragment cache, on the host.
     Live between questions: weights, memory (keys and values; the layer inputs instead under hidden_prefix),
     the fast backend's trace: its placed memory up to the tracer layer (with its slack) and its rows. Transients: the placed view and
-    one layer's working set (a question); the evicted fragments the trace still places until the next question
-    (an update that replaces the whole memory); a fragment's forward (formation); the weights upcast to fp32 (the
+    one layer's working set (a question); a fragment's old and kept positions side by side as forgetting cuts it
+    (an update that evicts: one fragment at a time; the trace holds the fragments it placed weakly, so the evicted
+    ones go at once, methods/backends/kv_prefix.py); a fragment's forward (formation); the weights upcast to fp32 (the
     self-check, in the first job's window, memory still empty); hidden_prefix's stacked copy of the states."""
     kv_token = 2 * dims.L * dims.kv * dims.d * b
     fast = backend == "fast"
@@ -55,7 +56,7 @@ def terms(dims: Dims, weight_bytes: int, b: int, memory_tokens: int, view_tokens
             "formed_host": formed_bytes,
             "view": (view_tokens + p + a) * kv_token + layer_work,
             "hidden_prefix_copy": 0 if fast else n * stored_token + (n + p) * 2 * traced * dims.kv * dims.d * b,
-            "eviction": n * stored_token,
+            "eviction": f * stored_token,
             "formation": f * (2 * stored_token + dims.L * (dims.H + dims.kv) * dims.d * b
                               + (2 * dims.h + 3 * dims.m) * b + dims.V * 4),
             "selfcheck_fp32": weight_bytes * (4 - b) // b}
@@ -67,8 +68,8 @@ def live(t: dict[str, int]) -> int:
 
 
 def peak(t: dict[str, int]) -> int:
-    """The most any phase holds: a question (hidden_prefix stacks its states then), an update evicting the whole
-    memory, a fragment's formation, or the self-check (weights in fp32, no memory yet; before a job's peak window
+    """The most any phase holds: a question (hidden_prefix stacks its states then), an update that evicts and
+    forms a fragment, or the self-check (weights in fp32, no memory yet; before a job's peak window
     opens: harness/runner.py)."""
     base = live(t)
     return max(base + t["view"] + t["hidden_prefix_copy"], base + t["eviction"] + t["formation"],

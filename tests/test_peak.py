@@ -100,3 +100,69 @@ def test_a_jobs_peak_window_opens_after_the_self_check(tmp_path, tiny_checkpoint
     monkeypatch.setattr(runner, "reset_peak_memory", lambda: calls.append("peak reset"))
     runner.run(tiny_run_config(tiny_checkpoint, "method=memdefrag_top1", "task.groups=1"), str(tmp_path / "run"))
     assert calls == ["self-check", "peak reset"]
+
+
+def test_the_traces_buffers_are_never_held_twice_when_the_memory_outgrows_them(tokenizer):
+    """The gap the issue measured (~0.9 GB over the formula at N_max on the 8B shape): when the stored memory
+    outgrows the trace's buffers, the new ones were allocated while the old ones, copied from, were still alive (the
+    trace term twice, 0.83 GB there). Now the old buffers are dropped first and every fragment placed again."""
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from methods.backends import kv_prefix
+
+    class Allocations(TorchDispatchMode):
+        """Whether the old buffer was already dead at each allocation inside the mode."""
+
+        def __init__(self, old):
+            super().__init__()
+            self.old, self.old_dead = old, []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.new_empty, torch.ops.aten.empty):
+                self.old_dead.append(self.old() is None)
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**{**COMMON, "max_position_embeddings": 4096})).eval()
+    session = Session(model, tokenizer, KVPrefixBackend(model), MemDefrag(2, 1, "mean"), "shared_sink", "plain", 4)
+    regrowths, allocate = [], kv_prefix.Placed._allocate
+
+    def watched(placed, like, size):
+        if placed.keys is None:
+            return allocate(placed, like, size)
+        with Allocations(weakref.ref(placed.keys[0])) as seen:
+            allocate(placed, like, size)
+        regrowths.append(seen.old_dead)
+
+    kv_prefix.Placed._allocate = watched
+    try:
+        for i in range(30):                 # the memory grows past the trace's slack several times
+            session.store(" ".join(WORDS[(i + j) % len(WORDS)] for j in range(12)))
+            session.ask("where did the cat sit?")
+    finally:
+        kv_prefix.Placed._allocate = allocate
+    assert len(regrowths) >= 2 and all(dead and all(dead) for dead in regrowths), regrowths
+
+
+def test_a_fragment_forgetting_cuts_is_not_kept_alive_by_the_trace(tokenizer):
+    """At N_max every update cuts every fragment (proportional quotas): the trace placed the previous fragments and,
+    holding them, kept the whole previous memory alive through the update (M again). It holds them weakly now."""
+    import weakref
+
+    from methods.forgetting import RandomForgetting
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**{**COMMON, "max_position_embeddings": 4096})).eval()
+    session = Session(model, tokenizer, KVPrefixBackend(model), MemDefrag(2, 1, "mean"), "shared_sink", "plain", 4,
+                      forgetting=RandomForgetting(120))
+    texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(12)) for i in range(12)]
+    for text in texts[:10]:
+        session.store(text)
+    session.ask("where did the cat sit?")                # the trace places the memory as it is now
+    before = [weakref.ref(f) for f in session.memory.fragments]
+    session.store(texts[10])                             # full: every fragment cut, replaced by a new one
+    gc.collect()
+    replaced = [ref for ref in before if all(ref() is not f for f in session.memory.fragments)]
+    assert replaced and all(ref() is None for ref in replaced)

@@ -9,6 +9,8 @@ rotated to the contiguous positions of the current order and only the prompt run
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 from transformers.cache_utils import Cache, DynamicLayer
@@ -86,7 +88,8 @@ class Placed:
 
     def __init__(self, model, n_layers: int, slack: float = 0.0):
         self.model, self.n_layers, self.slack = model, n_layers, slack
-        self.fragments: list = []                   # sink and fragments placed in the buffers, in order
+        self.fragments: list = []                   # sink and fragments placed in the buffers, in order, held
+                                                    # weakly: an evicted fragment's storage goes with its eviction
         self.parallel = False                       # whether they were placed in parallel
         self.rotary = Rotary.of(model)
         self.groups = [[i for i in g if i < n_layers] for g in self.rotary.groups]   # layers of each buffer
@@ -100,15 +103,16 @@ class Placed:
         `unchanged`). parallel: every fragment at the positions after the sink (APE), not one after another."""
         frags = [memory.sink, *memory.fragments]
         total = sum(len(f) for f in frags)
+        grows = self.keys is None or self.keys[0].shape[2] < total + room
         kept = 0
-        while parallel == self.parallel and kept < min(len(frags), len(self.fragments)) and \
-                frags[kept] is self.fragments[kept]:
+        while not grows and parallel == self.parallel and kept < min(len(frags), len(self.fragments)) and \
+                frags[kept] is self.fragments[kept]():
             kept += 1
         self.unchanged = kept == len(frags) == len(self.fragments)
         held = held if self.unchanged else 0
         start = sum(len(f) for f in frags[:kept])
-        if self.keys is None or self.keys[0].shape[2] < total + room:
-            self._allocate(frags[0], int((total + room) * (1 + self.slack)), start + held)
+        if grows:
+            self._allocate(frags[0], int((total + room) * (1 + self.slack)))
         tables = self.rotary.tables(total, self.keys[0]) if kept < len(frags) else None
         for f in frags[kept:]:
             end = start + len(f)
@@ -119,20 +123,19 @@ class Placed:
                         self.rotary.place(buffer[:, :, start:end], part[: len(layers)].to(buffer.device, non_blocking=True), slot,
                                           tables, position, layers)
             start = end
-        self.fragments, self.parallel = frags, parallel
+        self.fragments, self.parallel = [weakref.ref(f) for f in frags], parallel
         return Cache(layers=[PrefixLayer(self.keys[g][row:row + 1], self.values[g][row:row + 1], total + held)
                              for _, g, row in self.rows])
 
-    def _allocate(self, like: Fragment, size: int, keep: int) -> None:
-        """Buffers of `size` positions holding the first `keep` placed ones of the old buffers (keys and values
-        may differ in heads and width: multi-head latent attention caches a latent and a rotated part)."""
-        fresh = [[t.new_empty(len(layers), t.shape[1], size, t.shape[3], device=self.model.device)
-                  for layers, t in zip(self.groups, parts(stored))] for stored in (like.keys, like.values)]
-        if keep:
-            for new, old in zip(fresh, (self.keys, self.values)):
-                for n, o in zip(new, old):
-                    n[:, :, :keep] = o[:, :, :keep]
-        self.keys, self.values = fresh
+    def _allocate(self, like: Fragment, size: int) -> None:
+        """Buffers of `size` positions (keys and values may differ in heads and width: multi-head latent attention
+        caches a latent and a rotated part), the old ones dropped first: every fragment is placed again rather
+        than copied over, so that the trace's buffers are never held twice (at N_max on the 8B shape, 0.83 GB:
+        docs/gpu.md, Peak memory)."""
+        self.keys = self.values = None
+        self.keys, self.values = [[t.new_empty(len(layers), t.shape[1], size, t.shape[3], device=self.model.device)
+                                   for layers, t in zip(self.groups, parts(stored))]
+                                  for stored in (like.keys, like.values)]
 
 
 class KVPrefixBackend:
