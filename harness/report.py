@@ -198,8 +198,9 @@ def study_table(runs, study: str, value) -> tuple[pd.DataFrame, str] | None:
     if not any(r.study == study for r in chosen):
         return None
     labels = run_columns(chosen, f"tab:{study}")
-    frame = pd.DataFrame([{"dataset": named(r, r.config["task"]["dataset"]), "method": label, "value": value(r)}
-                          for r, label in zip(chosen, labels)])
+    frame = pd.DataFrame([{"dataset": f"{named(r, r.config['task']['dataset'])} ({r.info.get('model')}, "
+                                      f"{r.info.get('device')})", "method": label, "value": value(r)}
+                          for r, label in zip(chosen, labels)])        # a CPU's and a GPU's runs on rows of their own
     table = frame.pivot_table(index="dataset", columns="method", values="value", aggfunc="max")
     table = table[list(dict.fromkeys(labels))]
     table.columns.name = None

@@ -71,10 +71,11 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     runtime = readme.split("(`tab:runtime`)")[0].split("## ")[-1] + readme.split("(`tab:runtime`)")[1].split("\n## ")[0]
     assert "Time per group (s); model llama31_8b; device cuda:0; dtype bfloat16; threads 1" in runtime
     assert re.search(r"\| dataset +\| +vanilla\+informativeness \| +memdefrag_top1\+informativeness \|", runtime)
-    assert re.search(r"\| nqa +\| +64.2 \| +75.07 \|", runtime) and re.search(r"\| squad +\| +60 +\| +70 +\|", runtime)
+    assert re.search(r"\| nqa \(llama31_8b, cuda:0\) +\| +64.2 \| +75.07 \|", runtime)      # a device's runs on rows of
+    assert re.search(r"\| squad \(llama31_8b, cuda:0\) +\| +60 +\| +70 +\|", runtime)       # their own
     assert "12.5" not in runtime                                        # a run of another study
     memory = readme.split("(`tab:gpu-memory`)")[1].split("\n## ")[0]
-    assert re.search(r"\| nqa +\| +15 \| +19.73 \|", memory)
+    assert re.search(r"\| nqa \(llama31_8b, cuda:0\) +\| +15 \| +19.73 \|", memory)
     compressed = readme.split("(`tab:compression_comparison`)")[1].split("\n## ")[0]
     assert re.search(r"\| self_information@0.3 +\|", compressed)
     assert "Every run: memdefrag_top3+informativeness." in compressed
@@ -119,7 +120,7 @@ def test_memoryllm_runs_get_their_table_and_only_the_released_checkpoint_joins_t
     assert "tiny" not in comparison
     runtime = readme.split("(`tab:runtime`)")[1].split("\n## ")[0]
     assert re.search(r"\| +memoryllm +\| +mplus +\| +vanilla\+informativeness +\|", runtime)    # named by label alone
-    assert re.search(r"\| nqa +\| +64.19 \| +64.19 \| +75.07 \|", runtime)
+    assert re.search(r"\| nqa \(x, cuda:0\) +\| +64.19 \| +64.19 \| +75.07 \|", runtime)
 
 
 def test_the_committed_results_readme_is_what_report_writes(tmp_path):
