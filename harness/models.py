@@ -114,7 +114,9 @@ class SplitGGUF:
 
     def path(self) -> Path:
         parts = self.parts()
-        return cache.build(cache.usable("gguf") / self.file_name, lambda partial: self._join(parts, partial))
+        joined = Path(self.file_name)                   # keyed by the pin too: a new pin never reuses an old join
+        entry = cache.usable("gguf") / f"{joined.stem}-{self.sha256[:16]}{joined.suffix}"
+        return cache.build(entry, lambda partial: self._join(parts, partial))
 
     def _join(self, parts: list[Path], target: Path) -> None:
         digest = hashlib.sha256()

@@ -14,6 +14,7 @@ from evals.retention import Retention
 from harness import cli
 from methods.base import Method, Plan
 from tests.conftest import tiny_overrides
+from tests.test_smollm2 import memdefrag
 
 
 class PlanReturnsMemory(Method):
@@ -86,47 +87,45 @@ class OwnKey(Retention):
 
 
 CASES = {  # attempt -> (overrides, the one line), each on the tiny checkpoint
-    "plan returns the memory": (["method=vanilla", f"method._target_={__name__}.PlanReturnsMemory"],
+    "plan returns the memory": (["method=vanilla", "method._target_=tests.test_contracts.PlanReturnsMemory"],
                                 "method PlanReturnsMemory.plan returned a LatentMemory; it must return a Plan "
                                 "(methods.base), e.g. Plan(latent=memory) to read the whole memory"),
-    "plan declared to return another type": (["method=vanilla", f"method._target_={__name__}.DeclaresMemory"],
+    "plan declared to return another type": (["method=vanilla", "method._target_=tests.test_contracts.DeclaresMemory"],
                                              "method DeclaresMemory.plan is declared to return list; the harness "
                                              "needs a Plan (methods.base)"),
-    "read given memory indices": (["method=vanilla", f"method._target_={__name__}.ReadsIndices"],
+    "read given memory indices": (["method=vanilla", "method._target_=tests.test_contracts.ReadsIndices"],
                                   "method ReadsIndices.plan returned Plan(read=[0]) for a latent view of fragments "
                                   "[1]; `read` takes the ids of the fragments read (memory.ids()), not their "
                                   "indices"),
-    "groups as a generator": ([f"task._target_={__name__}.GeneratedGroups"],
+    "groups as a generator": (["task._target_=tests.test_contracts.GeneratedGroups"],
                               "task GeneratedGroups.groups returned a generator; it must return a list of groups "
                               "(shard=i/n takes every n-th): `return [...]`, not `yield`"),
-    "groups declared an iterator": ([f"task._target_={__name__}.DeclaredIterator"],
+    "groups declared an iterator": (["task._target_=tests.test_contracts.DeclaredIterator"],
                                     "task DeclaredIterator.groups is declared to return Iterator; the harness needs "
                                     "a list of groups"),
-    "a record without step": ([f"task._target_={__name__}.NoStep"],
+    "a record without step": (["task._target_=tests.test_contracts.NoStep"],
                               "task NoStep.metrics cannot read its first record (group 0, fields group, question, "
                               "gold, output, correct, memory_tokens, used_tokens, target_tokens, target_rank, "
                               "target_position, seconds, target_read, method, forgetting, beyond_window): KeyError: "
                               "'step'; a record must hold every field its metrics read"),
-    "correct as a float": ([f"task._target_={__name__}.FloatCorrect"],
+    "correct as a float": (["task._target_=tests.test_contracts.FloatCorrect"],
                            "task: run_group yielded a record with correct=0.0 (a float) in group 0; `correct` must be "
                            "a bool (None where the answer is not judged)"),
-    "its own file missing": ([f"task._target_={__name__}.OwnFile"],
+    "its own file missing": (["task._target_=tests.test_contracts.OwnFile"],
                              "task OwnFile.check: cannot read /nonexistent/own.jsonl: No such file or directory"),
-    "its own data lacking a key": ([f"task._target_={__name__}.OwnKey"], "task OwnKey.check: KeyError: 'question'"),
+    "its own data lacking a key": (["task._target_=tests.test_contracts.OwnKey"], "task OwnKey.check: KeyError: 'question'"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_plugin_breaking_its_contract_is_refused_in_one_line_at_once(case, tiny_checkpoint, tmp_path, monkeypatch,
-                                                                       capsys):
+def test_a_plugin_breaking_its_contract_is_refused_in_one_line_at_once(case, tiny_checkpoint, tmp_path):
+    """Through the real command in a process of its own, as a user meets it (in-process, a run after the suite's
+    LongBench runs lost its stderr)."""
     overrides, message = CASES[case]
-    monkeypatch.setattr(sys, "argv", ["memdefrag", *tiny_overrides(tiny_checkpoint), "task.groups=2",
-                                      "task.updates=2", *overrides,
-                                      f"hydra.run.dir={tmp_path / 'run'}"])
-    with pytest.raises(SystemExit) as exit_:
-        cli.main()
-    assert exit_.value.code == 2
-    *bars, line = capsys.readouterr().err.strip().splitlines()
+    done = memdefrag(*tiny_overrides(tiny_checkpoint), "task.groups=2", "task.updates=2", *overrides,
+                     f"hydra.run.dir={tmp_path / 'run'}", cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 2, done.stderr[-2000:]
+    *bars, line = done.stderr.strip().splitlines()
     assert line.startswith(f"memdefrag: error: {message}"), line
     assert all(re.search(r"\d+/\d+ \[", bar) or not bar for bar in bars), bars  # progress bars only
     groups = tmp_path / "run" / "groups.jsonl"
