@@ -71,7 +71,8 @@ def test_a_family_that_cannot_be_latent_memory_is_refused_in_one_line_before_its
     make, refused, why = REFUSED[family]
     folder = config_only(make())
     for backend in ("fast", "hidden_prefix"):
-        cfg = tiny_run_config(folder, "method=vanilla", f"model.name={family}", f"backend={backend}")
+        cfg = tiny_run_config(folder, "method=vanilla", f"model.name={family}", f"backend={backend}",
+                              "allow_beyond_window=true")      # the family's check, not its 512-position window
         if backend not in refused:
             preflight(cfg)                          # the other backend takes it
             continue
