@@ -12,9 +12,9 @@ import re
 from pathlib import Path
 
 import yaml
-from hydra.utils import get_class
 
 from harness.errors import ConfigError, OneLineParser
+from harness.plugins import locate_class
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 PLUGIN_GROUPS = ("method", "task", "forgetting", "compression", "logger")
@@ -69,7 +69,7 @@ def plugin_rows(group: str) -> list[list[str]]:
             origin = CONF / group / f"{base}.yaml"
             target = (yaml.safe_load(origin.read_text()) or {}).get("_target_")
             base = parent(yaml.safe_load(origin.read_text()) or {}, group) if target is None else base
-        cls = get_class(target)
+        cls = locate_class(target)
         what = leading_comment(path) or (f"as `{parent(config, group)}`" if parent(config, group) else "") \
             or (cls.__doc__ or "").strip()
         options = ", ".join(f"`{k}` {cell(v)}" for k, v in own.items())

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import json
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from harness.errors import ConfigError
@@ -51,13 +52,32 @@ RECORD_FIELDS = {"step": ((int,), "an integer (the fragments stored when it was 
                  "correct": ((bool, type(None)), "a bool (None where the answer is not judged)")}
 
 
+def locate_class(path: str) -> type:
+    """The class a dotted `_target_` names (module.Class, or module.Outer.Inner). Hydra's get_class would do, but
+    it logs an error line of its own before raising, and a refusal is one line."""
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as err:
+            if err.name is None or not ".".join(parts[:cut]).startswith(err.name):
+                raise                                           # the module exists; one of its imports does not
+            continue
+        for name in parts[cut:]:
+            found = getattr(found, name)
+        if not isinstance(found, type):
+            raise ValueError(f"{path} is a {type(found).__name__}, not a class")
+        return found
+    raise ImportError(f"no module named {parts[0]!r}" if len(parts) > 1 else "not a dotted path module.Class")
+
+
 def build(node: DictConfig, what: str, **kwargs):
     """Instantiate a plugin config and check it against its kind's contract; a bad value or a missing piece
     becomes a ConfigError naming it."""
     fields = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
     fields.pop("label", None)
     try:
-        cls = get_class(str(fields.get("_target_")))
+        cls = locate_class(str(fields.get("_target_")))
     except (ImportError, ValueError, AttributeError) as err:        # a _target_ that names no class
         raise ConfigError(f"{what}._target_={fields.get('_target_')!r} names no class this harness can import "
                           f"({str(err).splitlines()[0]})") from None
@@ -231,7 +251,7 @@ def table_titles(task: str) -> dict[str, str]:
     its title ('' where only the label is given); none where the class cannot be imported here (a plugin not
     installed)."""
     try:
-        tables = getattr(get_class(task), "tables", ())
+        tables = getattr(locate_class(task), "tables", ())
     except (ImportError, ValueError):
         return {}
     return dict(tables) if isinstance(tables, dict) else dict.fromkeys(tables, "")

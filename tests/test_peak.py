@@ -3,7 +3,9 @@ terms (the stored memory, the trace's placed memory and rows; the weights were a
 tensor's storage that storing a memory and asking over it leave alive."""
 
 import gc
+import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 import torch
@@ -11,10 +13,11 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from evals.retention import Retention
 from harness import peak
+from harness.models import ModelSpec, load
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.memdefrag import MemDefrag
 from methods.session import Session
-from tests.conftest import COMMON
+from tests.conftest import COMMON, CharTokenizer
 
 WORDS = "the cat sat on a mat while quick brown foxes jumped over lazy dogs near old red barns".split()
 
@@ -50,22 +53,39 @@ def held_by_a_question(model, tokenizer, texts, question: str, tracer_layer: int
     return alive, terms
 
 
-def test_the_live_terms_of_the_peak_formula_hold_what_a_question_leaves_alive(tokenizer):
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(LlamaConfig(**{**COMMON, "max_position_embeddings": 4096})).eval()
-    texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(12)) for i in range(40)]
-    alive, terms = held_by_a_question(model, tokenizer, texts, "where did the cat sit?", 1, 2000)
+def question_on(model: str, tokens: int):
+    """held_by_a_question on the tiny random Llama (traced at layer 1, word-salad fragments) or on SmolLM2 (float32,
+    traced at its layer 18, NaturalQA's fragments), alone in this process."""
+    if model == "tiny":
+        torch.manual_seed(0)
+        llama = AutoModelForCausalLM.from_config(LlamaConfig(**{**COMMON, "max_position_embeddings": 4096})).eval()
+        texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(12)) for i in range(40)]
+        return held_by_a_question(llama, CharTokenizer(), texts, "where did the cat sit?", 1, tokens)
+    smollm2, tokenizer = load(ModelSpec("smollm2", "smollm2"))
+    groups = Retention("nqa", os.environ.get("MEMDEFRAG_DATA", "../shared/data"), groups=2,
+                       updates=40).groups(tokenizer)
+    texts = [text for group in groups for text in group.texts()]
+    return held_by_a_question(smollm2, tokenizer, texts, groups[0].target.question, 18, tokens)
+
+
+def in_a_fresh_process(model: str, tokens: int):
+    """question_on in a process of its own: counting every live tensor counts this question's only there, not
+    what earlier tests in the suite's process hold or free meanwhile (a freed storage's address reused by the
+    question's tensors hides them)."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(question_on, model, tokens).result()
+
+
+def test_the_live_terms_of_the_peak_formula_hold_what_a_question_leaves_alive():
+    alive, terms = in_a_fresh_process("tiny", 2000)
     formula = peak.live(terms) - terms["weights"]
     assert abs(alive / formula - 1) < 0.10, (alive, formula)
 
 
-def test_the_peak_is_the_largest_phase_docs_gpu_md_names_and_above_what_a_question_leaves_alive(tokenizer):
+def test_the_peak_is_the_largest_phase_docs_gpu_md_names_and_above_what_a_question_leaves_alive():
     """peak(): a question (live + the view), an evicting update (live + M + formation) or the self-check (the
     weights in fp32), whichever is largest; never below the storage a question was measured to leave alive."""
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(LlamaConfig(**{**COMMON, "max_position_embeddings": 4096})).eval()
-    texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(12)) for i in range(40)]
-    alive, terms = held_by_a_question(model, tokenizer, texts, "where did the cat sit?", 1, 500)
+    alive, terms = in_a_fresh_process("tiny", 500)
     live = peak.live(terms)
     phases = {"a question": live + terms["view"] + terms["hidden_prefix_copy"],
               "an evicting update": live + terms["eviction"] + terms["formation"],
@@ -74,15 +94,11 @@ def test_the_peak_is_the_largest_phase_docs_gpu_md_names_and_above_what_a_questi
 
 
 @pytest.mark.slow
-def test_the_formula_holds_smollm2_at_n_max(smollm2):
+def test_the_formula_holds_smollm2_at_n_max():
     """SmolLM2 in float32 past 12,800 NaturalQA memory tokens, traced at its layer 18 (docs/gpu.md): the N_max model
     files gave when it was measured; SmolLM2's is now 7,680 (conf/model/smollm2.yaml), and this read of 12,959
     tokens goes past its 8,192 trained positions (what storage it holds, not an answer)."""
-    model, tokenizer = smollm2
-    groups = Retention("nqa", os.environ.get("MEMDEFRAG_DATA", "../shared/data"), groups=2,
-                       updates=40).groups(tokenizer)
-    texts = [text for group in groups for text in group.texts()]
-    alive, terms = held_by_a_question(model, tokenizer, texts, groups[0].target.question, 18, 12800)
+    alive, terms = in_a_fresh_process("smollm2", 12800)
     formula = peak.live(terms) - terms["weights"]
     print(f"SmolLM2 at N_max: alive {alive / 1e6:.1f} MB, formula {formula / 1e6:.1f} MB (weights aside)")
     assert abs(alive / formula - 1) < 0.10, (alive, formula)
