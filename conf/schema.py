@@ -6,7 +6,7 @@ Hydra's ConfigStore, so an option is declared once: where it is used.
   the code that uses it. The schema is named after the class that declares the options (the most general
   one sharing the plugin's constructor): `MemDefrag` -> `MemDefragSchema`, stored as `memdefrag_schema`
   in the plugin's group, which its YAML files extend (`defaults: [memdefrag_schema, _self_]`).
-- The model's schema is `ModelSpec` (harness/models.py); the run's own options are `RunSchema` below.
+- The model's schema is `ModelSpec` (harness/models/loading.py); the run's own options are `RunSchema` below.
 
 So Hydra refuses a wrong type, an unknown choice or an unknown key on the command line with the key, the
 value and what is allowed, before any code of ours runs. Ranges (k >= 1, a layer within the model) and what
@@ -33,9 +33,9 @@ from omegaconf import MISSING, SI, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.errors import ConfigError
-from harness.models import ModelSpec
-from harness.results import folder_name
-from harness.runner import Backend
+from harness.models.loading import ModelSpec
+from harness.results.folder import folder_name
+from harness.running.runner import Backend
 from methods.formation import Formation, Residence
 from methods.generation import Decode
 from methods.prompting import PromptStyle
@@ -122,7 +122,7 @@ class RunSchema:
 
 def register() -> None:
     """Store the run's schema and, for every YAML file of conf/ with a `_target_`, its plugin's; and the
-    `folder` resolver that makes a label a plain folder name (harness.results.folder_name, as `memdefrag collect`
+    `folder` resolver that makes a label a plain folder name (harness.results.folder.folder_name, as `memdefrag collect`
     names them)."""
     if not OmegaConf.has_resolver("folder"):
         OmegaConf.register_new_resolver("folder", lambda label: folder_name(str(label)))

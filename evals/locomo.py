@@ -280,11 +280,11 @@ class LoCoMo:
 
     @property
     def max_new_tokens(self) -> int:
-        """The answer budget every question is asked with (the protocol's; harness.plugins.answer_budget)."""
+        """The answer budget every question is asked with (the protocol's; harness.plugins.contracts.answer_budget)."""
         return self.protocol.answer_tokens
 
     def prompt_frames(self, tokenizer, run_style: str) -> list[tuple[str, str]]:
-        """The protocol's instruction around a question and the style it is read in (harness.plugins)."""
+        """The protocol's instruction around a question and the style it is read in (harness.plugins.contracts)."""
         return [(self.protocol.instruction, self.protocol.prompt_style(tokenizer, run_style))]
 
     def samples(self) -> list[dict]:

@@ -284,7 +284,7 @@ class LongBench:
     @property
     def max_new_tokens(self) -> int:
         """The largest answer budget a question of this run is asked with, over its subsets (the budget the window
-        preflight counts, harness.plugins.answer_budget; a subset's own is `answer_lengths`)."""
+        preflight counts, harness.plugins.contracts.answer_budget; a subset's own is `answer_lengths`)."""
         return max(self.answer_lengths[s] for s in self.subsets)
 
     def frame(self, subset: str) -> tuple[str, str]:
@@ -301,7 +301,7 @@ class LongBench:
         return text.format(input=item.question), style
 
     def prompt_frames(self, tokenizer, run_style: str) -> list[tuple[str, str]]:
-        """Each subset's frame (harness.plugins), `{question}` where the question goes."""
+        """Each subset's frame (harness.plugins.contracts), `{question}` where the question goes."""
         return [(text.replace("{input}", "{question}"), style) for text, style in map(self.frame, self.subsets)]
 
     def groups(self, tokenizer) -> list[Item]:

@@ -1,1 +1,1 @@
-from harness import tracer_layers  # noqa: F401 - registers the ${tracer:...} config resolver
+from harness.models import tracer_layers  # noqa: F401 - registers the ${tracer:...} config resolver

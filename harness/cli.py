@@ -13,10 +13,17 @@ import conf  # noqa: F401 - registers the typed schemas the configs extend
 from conf import schema
 from conf.schema import CONF
 from evals.probe import best_row
-from harness import cache, catalog, collect, compare, migrate, report, shards, tracer_layers
+from harness.models import cache
+from harness.plugins import catalog
+from harness.report import collect
+from harness.report import compare
+from harness.report import migrate
+from harness.report import document as report
+from harness.running import shards
+from harness.models import tracer_layers
 from harness.errors import OneLineParser, stops_on_config_error
-from harness.jobs import check_jobs
-from harness.runner import run
+from harness.running.jobs import check_jobs
+from harness.running.runner import run
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

@@ -11,7 +11,7 @@ from methods.errors import ConfigError
 @contextmanager
 def stops_on_config_error(prog: str):
     """Bad input ends the command with one line on stderr and exit status 2, never a traceback. Inside a
-    submitit job it is raised: the job ends failed and its launcher brings the line back (harness.slurm)."""
+    submitit job it is raised: the job ends failed and its launcher brings the line back (harness.running.slurm)."""
     try:
         yield
     except ConfigError as err:

@@ -5,7 +5,7 @@ stores and asks (`Session`), the methods (`MemDefrag`, `Vanilla`, `NoMemory`, `T
 (`KVPrefixBackend`, the fast one; `HiddenPrefixBackend`, the paper's formulation) and forgetting within a
 capacity (`Informativeness`, `RandomForgetting`, `RandomLayerwise`)."""
 
-from harness.models import ModelSpec, load
+from harness.models.loading import ModelSpec, load
 from methods.forgetting import Informativeness, RandomForgetting, RandomLayerwise
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend

@@ -25,7 +25,7 @@ tok=(); [ -z "$tokenizer" ] || tok=(--tokenizer "$tokenizer")
 mkdir -p "$out" "$ckpt"
 "$py" - "$ckpt" <<'PY'
 import shutil, sys
-from harness.benchmark import checkpoint_bytes
+from harness.measurement.benchmark import checkpoint_bytes
 sizes = {shape: checkpoint_bytes(shape, "bfloat16") / 1e9 for shape in ("llama31_8b", "memoryllm_8b", "mplus_8b")}
 print(f"random checkpoints under {sys.argv[1]}, one at a time: " + ", ".join(f"{s} {gb:.3g} GB" for s, gb in
       sizes.items()) + f"; {shutil.disk_usage(sys.argv[1]).free / 1e9:.3g} GB free there", flush=True)
@@ -41,7 +41,7 @@ release() {      # the checkpoints this script wrote, removed unless KEEP_CHECKP
 }
 written=()
 for dtype in float32 bfloat16 float16; do
-  "$py" -m harness.selfcheck --shape llama31_8b --device cuda --dtype "$dtype" "${tok[@]}" \
+  "$py" -m harness.models.selfcheck --shape llama31_8b --device cuda --dtype "$dtype" "${tok[@]}" \
     --out "$out/selfcheck_$dtype.md"
 done
 for dtype in bfloat16 float16; do

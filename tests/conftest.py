@@ -110,14 +110,14 @@ FRAGMENTS = ["the cat sat on the mat", "a quick brown fox jumps", "hello world a
 
 @pytest.fixture(scope="session")
 def smollm2():
-    from harness.models import ModelSpec, load
+    from harness.models.loading import ModelSpec, load
     return load(ModelSpec("smollm2", "smollm2"))
 
 
 def save_tiny_checkpoint(folder) -> str:
     """A loadable checkpoint folder: a tiny random Llama and a byte-level BPE tokenizer with a chat
     template, trained offline on the synthetic set, so whole runs go through the real harness."""
-    from harness.families import tiny_tokenizer
+    from harness.running.families import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     torch.manual_seed(0)
@@ -209,8 +209,8 @@ def matches_cached(run_dir: Path, name: str) -> None:
     """The run in `run_dir` answers exactly as its cached copy tests/testdata/regression/<name> (through the
     code of `memdefrag compare`: text equal, numbers within 1e-6, timings never compared); with
     MEMDEFRAG_REGENERATE=1 the run becomes the cached copy (`make regression-cache`; review its diff)."""
-    from harness.compare import Tolerance, compare_runs, config_key, markdown
-    from harness.results import read_jsonl
+    from harness.report.compare import Tolerance, compare_runs, config_key, markdown
+    from harness.results.folder import read_jsonl
 
     cached = REGRESSION / name
     if REGENERATE:

@@ -240,7 +240,7 @@ def test_traced_scores_mask_the_prompts_future_alike_without_a_mask():
 def test_grouped_sdpa_on_cpu_changes_no_number(family_model, tokenizer, monkeypatch):
     """transformers' grouped-head sdpa (turned on for CPU models at load) gives the very same logits,
     attention rows and answer as copying keys and values per head."""
-    from harness.models import SDPA_GROUPED
+    from harness.models.loading import SDPA_GROUPED
 
     memory = formed(family_model, tokenizer, "shared_sink").arranged([2, 1, 0, 4, 3])
     prompt = torch.tensor(tokenizer("where is the cat?", add_special_tokens=False)["input_ids"])

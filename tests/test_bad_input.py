@@ -450,7 +450,7 @@ COMMAND_CASES = {   # the other commands: argv -> what the one line says ({tmp}:
 @pytest.mark.parametrize("case", sorted(COMMAND_CASES))
 def test_the_other_commands_refuse_bad_input_in_one_line_before_any_work(case, tmp_path, monkeypatch, capsys,
                                                                          no_work):
-    from harness import benchmark
+    from harness.measurement import benchmark
 
     argv, message = ([a.replace("{tmp}", str(tmp_path)) for a in COMMAND_CASES[case][0]],
                      COMMAND_CASES[case][1].replace("{tmp}", str(tmp_path)))

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.benchmark import PeakMemory, main
+from harness.measurement.benchmark import PeakMemory, main
 
 
 def test_the_benchmark_times_every_method_at_a_fixed_answer_length_and_checks_both_backends(tmp_path, capsys):
@@ -30,7 +30,7 @@ def test_the_benchmark_times_every_method_at_a_fixed_answer_length_and_checks_bo
 
 
 def test_a_random_checkpoint_of_a_shape_runs_through_the_harness(tmp_path):
-    from harness.runner import run
+    from harness.running.runner import run
     from tests.conftest import tiny_run_config
 
     main(["--shape", "tiny", "--save-random", str(tmp_path / "tiny")])
@@ -42,7 +42,7 @@ def test_a_random_checkpoint_of_a_shape_runs_through_the_harness(tmp_path):
 def test_an_offline_gpu_node_saves_and_times_a_shape_with_a_tokenizer_folder_and_no_data(tmp_path, monkeypatch):
     """What a GPU node without the embedded model has: a tokenizer folder; saving a random checkpoint reads no
     data (--data-dir names none), and the bench takes its tokenizer from the folder, not from SmolLM2."""
-    from harness import benchmark
+    from harness.measurement import benchmark
 
     main(["--shape", "tiny", "--save-random", str(tmp_path / "first")])
     monkeypatch.setattr(benchmark, "check_source", lambda spec: pytest.fail("the embedded model was read"))
@@ -116,7 +116,7 @@ def test_each_sessions_peak_memory_is_its_own_while_sessions_take_turns(monkeypa
 
 def test_the_benchmark_reads_its_data_from_memdefrag_data(tmp_path, monkeypatch, capsys):
     """An offline GPU node points every command at its data with MEMDEFRAG_DATA, the bench included."""
-    from harness.benchmark import parse
+    from harness.measurement.benchmark import parse
 
     monkeypatch.setenv("MEMDEFRAG_DATA", str(tmp_path / "nowhere"))
     with pytest.raises(SystemExit):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import cache
+from harness.models import cache
 from harness.errors import ConfigError
 
 
@@ -144,7 +144,7 @@ def test_a_failed_build_leaves_nothing(own_cache):
 BUILDER = textwrap.dedent("""
     import os, signal, sys, time
     from pathlib import Path
-    from harness import cache
+    from harness.models import cache
     moment, log = sys.argv[1], Path(sys.argv[2])
 
     def make(folder):
@@ -191,7 +191,7 @@ def test_concurrent_first_uses_build_once(own_cache, tmp_path):
 
 
 def test_a_hash_index_cut_short_is_rebuilt_not_blamed_on_the_model(own_cache, tmp_path):
-    from harness.models import content_key
+    from harness.models.loading import content_key
 
     model = tmp_path / "model.gguf"
     model.write_bytes(b"weights")
@@ -221,7 +221,7 @@ CONVERT = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
     import transformers
-    from harness.models import ModelSpec, load
+    from harness.models.loading import ModelSpec, load
     moment = sys.argv[1]
 
     def die(*a, **k):
@@ -241,7 +241,7 @@ CONVERT = textwrap.dedent("""
 def test_the_embedded_models_conversion_survives_kills_and_damage(own_cache):
     """kill -9 at three moments of a first conversion of SmolLM2, then a truncated and a zeroed converted
     checkpoint: each time the next load gives the same weights, and no temporary is left behind."""
-    from harness.models import ModelSpec, load
+    from harness.models.loading import ModelSpec, load
 
     root = Path(__file__).resolve().parents[1]
     for moment in ("loading the GGUF", "weights written", "before the rename"):

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import comparisons, report
-from harness.claims import VERDICTS, keyed, read_claims
+from harness.report import comparisons
+from harness.report import document as report
+from harness.report.claims import VERDICTS, keyed, read_claims
 from harness.errors import ConfigError
-from harness.report import write
+from harness.report.document import write
 from tests.test_report import fake_run
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from harness.collect import collect
+from harness.report.collect import collect
 from harness.errors import ConfigError
-from harness.results import folder_name
+from harness.results.folder import folder_name
 from tests.test_report import fake_run
 
 STEPS = [{"group": 0, "step": s, "correct": s == 1, "target_rank": 1, "seconds": {"formation": 0.5}} for s in (1, 5)]

@@ -10,11 +10,11 @@ import pytest
     (["-m", "harness", "report", "{tmp}/nowhere"], "memdefrag report: error: {tmp}/nowhere: no such folder"),
     (["-m", "harness", "merge", "{tmp}/nowhere"], "memdefrag merge: error: {tmp}/nowhere: no such folder"),
     (["-m", "harness", "merge", "{tmp}"], "memdefrag merge: error: {tmp}: holds no sharded runs"),
-    (["-m", "harness.benchmark", "--data-dir", "{tmp}/nowhere"], "memdefrag-bench: error: --data-dir "),
-    (["-m", "harness.benchmark", "--sizes", "0", "5"], "memdefrag-bench: error: --sizes 0: must be >= 1"),
-    (["-m", "harness.benchmark", "--new-tokens", "0", "--k", "-1"], "memdefrag-bench: error: --new-tokens 0, --k -1: "
+    (["-m", "harness.measurement.benchmark", "--data-dir", "{tmp}/nowhere"], "memdefrag-bench: error: --data-dir "),
+    (["-m", "harness.measurement.benchmark", "--sizes", "0", "5"], "memdefrag-bench: error: --sizes 0: must be >= 1"),
+    (["-m", "harness.measurement.benchmark", "--new-tokens", "0", "--k", "-1"], "memdefrag-bench: error: --new-tokens 0, --k -1: "
                                                                   "must be >= 1"),
-    (["-m", "harness.benchmark", "--device", "gpu"], "memdefrag-bench: error: --device='gpu' is not a device"),
+    (["-m", "harness.measurement.benchmark", "--device", "gpu"], "memdefrag-bench: error: --device='gpu' is not a device"),
 ])
 def test_a_wrong_folder_or_value_is_refused_with_one_line(tmp_path, argv, message):
     done = subprocess.run([sys.executable, *(a.format(tmp=tmp_path) for a in argv)], capture_output=True,

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness import cli
-from harness.compare import Tolerance, compare, compare_runs
+from harness.report.compare import Tolerance, compare, compare_runs
 
 RECORDS = [{"group": g, "step": s, "output": f"answer {g} {s}", "correct": s == 1, "target_rank": 1 + g,
             "seconds": {"trace": 0.1, "generate": 1.0}} for g in (0, 1) for s in (1, 2)]
@@ -74,7 +74,7 @@ def test_whether_the_flips_are_more_than_chance_is_tested(tmp_path):
     assert report.chance == {"right_only_in_a": 0, "right_only_in_b": 8, "mcnemar_p": pytest.approx(2 / 2 ** 8)}
     one = compared(tmp_path / "one", edited("correct", False))
     assert one.chance["right_only_in_a"] == 1 and one.chance["mcnemar_p"] == 1.0
-    from harness.compare import markdown
+    from harness.report.compare import markdown
     assert "McNemar's exact p 0.0078, more than chance" in markdown([report], [])
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from harness.runner import run
+from harness.running.runner import run
 from methods.compression.compressor import NoCompression, kept_count
 from methods.forgetting import Informativeness
 from methods.backends.hidden_prefix import HiddenPrefixBackend

@@ -6,8 +6,8 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from harness.errors import ConfigError
-from harness.plugins import build
-from harness.runner import preflight
+from harness.plugins.contracts import build
+from harness.running.runner import preflight
 from tests.conftest import EXPERIMENTS, sweep_points
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -32,7 +32,7 @@ def test_every_plugin_config_instantiates(group):
 def test_the_launchers_compose_to_submitit(launcher, target):
     with initialize_config_module("conf", version_base="1.3"):
         cfg = compose("config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
-    assert cfg.hydra.launcher._target_ == f"hydra_plugins.memdefrag_launchers.{target}"    # harness/slurm.py
+    assert cfg.hydra.launcher._target_ == f"hydra_plugins.memdefrag_launchers.{target}"    # harness/running/slurm.py
     assert cfg.hydra.launcher.gpus_per_node == (None if launcher == "slurm" else 0)     # slurm: from model.device
 
 
@@ -88,11 +88,11 @@ def test_bad_data_is_refused_before_the_model_loads(tmp_path):
                                        ["+foo=1,2", "a.b=x", "a.b=y"], ["method=choice(a,b)", "k=range(1,4)"],
                                        ["x='a=b'", "x=1,2", "y=[1,2]"]])
 def test_a_multirun_expands_into_the_jobs_hydras_basic_sweeper_runs(overrides):
-    """harness.jobs forms the jobs itself (no private Hydra import); they are the sweeper's, in its order."""
+    """harness.running.jobs forms the jobs itself (no private Hydra import); they are the sweeper's, in its order."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from harness.jobs import expanded
+    from harness.running.jobs import expanded
 
     parser = OverridesParser.create()
     sweeper = [job for batch in BasicSweeper.split_arguments(parser.parse_overrides(overrides), None) for job in batch]

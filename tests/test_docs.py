@@ -147,7 +147,7 @@ class Page:
         elif program == "memdefrag":
             self.hydra("config", args + extra, comment)
         elif program == "memdefrag-bench":
-            self.parse_only("harness.benchmark", args)
+            self.parse_only("harness.measurement.benchmark", args)
         elif program.startswith("python") and args[:2] == ["-m", "pytest"]:
             self.pytest_args(args[2:])
         elif program.startswith("python") and args[:1] == ["-m"]:
@@ -197,8 +197,8 @@ class Page:
         from omegaconf import open_dict
 
         from harness.errors import ConfigError
-        from harness.jobs import composed, job_overrides
-        from harness.runner import preflight, run
+        from harness.running.jobs import composed, job_overrides
+        from harness.running.runner import preflight, run
         from tests.conftest import tiny_overrides
 
         refused = re.search(r"memdefrag: error: (.*)", comment)
@@ -276,7 +276,7 @@ def test_every_guide_has_blocks_and_the_readme_links_every_guide():
 
 
 def test_the_committed_plugin_table_is_the_generated_one():
-    from harness.catalog import markdown, section
+    from harness.plugins.catalog import markdown, section
 
     committed = section((ROOT / "docs" / "methods-and-tasks.md").read_text())
     assert committed == markdown(), "docs/methods-and-tasks.md is stale: memdefrag plugins --write " \
@@ -285,7 +285,7 @@ def test_the_committed_plugin_table_is_the_generated_one():
 
 @pytest.mark.parametrize("line", ["memdefrag method=memdefrag method.kk=2", "memdefrag method=no_such_method",
                                   "memdefrag-bench --no-such-flag", "memdefrag compare A B --no-such-flag",
-                                  "python -m harness.summary out --no-such-flag", "make no-such-target",
+                                  "python -m harness.results.summary out --no-such-flag", "make no-such-target",
                                   "pytest -m no_such_marker", "frobnicate --now"])
 def test_a_documented_command_or_option_that_no_longer_exists_fails(line, request, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -7,7 +7,7 @@ preflights every point)."""
 
 import pytest
 
-from harness.runner import run
+from harness.running.runner import run
 from tests.conftest import EXPERIMENTS, matches_cached, sweep_points, tiny_run_config
 
 

@@ -19,8 +19,8 @@ from transformers import (AutoModelForCausalLM, DeepseekV2Config, Gemma4TextConf
                           Llama4TextConfig, Qwen3NextConfig)
 
 from harness.errors import ConfigError
-from harness.families import Outcome, causal_types, judged, survey, tiny_config, tiny_tokenizer
-from harness.runner import preflight
+from harness.running.families import Outcome, causal_types, judged, survey, tiny_config, tiny_tokenizer
+from harness.running.runner import preflight
 from methods.backends.kv_prefix import KVPrefixBackend
 from tests.conftest import COMMON, FAMILIES, tiny_run_config
 
@@ -133,8 +133,8 @@ def test_a_rotary_function_taking_sin_before_cos_is_read_by_name_and_refused_tru
 def test_a_model_that_fails_while_it_is_checked_ends_the_run_in_one_line(monkeypatch):
     """Whatever a model raises while it loads or the backend is checked on it: one line naming the source, its
     type, the step and the cause (no traceback)."""
-    from harness import runner
-    from harness.models import ModelSpec
+    from harness.running import runner
+    from harness.models.loading import ModelSpec
 
     monkeypatch.setattr(runner, "load", lambda spec: (torch.nn.Linear(1, 1), None))
     monkeypatch.setattr(runner.selfcheck, "verify", lambda *a: ().__getitem__(1))
@@ -167,7 +167,7 @@ def test_every_causal_lm_type_is_exact_or_refused_in_one_line_naming_it(model_ty
     """Each type of the installed transformers' causal-LM mapping, built tiny from its own config class, runs
     exactly or is refused in one line naming its type (a traceback fails the row); one transformers cannot
     build tiny is listed with transformers' own error. With the transformers the committed table was made
-    with, each type's outcome is the committed one (results/families.md, `python -m harness.families`)."""
+    with, each type's outcome is the committed one (results/families.md, `python -m harness.running.families`)."""
     [row] = survey([model_type], shared_tokenizer)
     assert row.outcome in set(Outcome) and "\n" not in row.detail
     if row.outcome not in (Outcome.exact, Outcome.not_built):     # the type its checkpoint declares (gpt-sw3's

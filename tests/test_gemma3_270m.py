@@ -2,8 +2,8 @@
 
 import pytest
 
-from harness import selfcheck
-from harness.models import ModelSpec, load
+from harness.models import selfcheck
+from harness.models.loading import ModelSpec, load
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.attention.positions import Rotary
 from tests.test_config import composed

@@ -9,8 +9,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from harness.results import read_jsonl
-from harness.runner import run
+from harness.results.folder import read_jsonl
+from harness.running.runner import run
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.baselines import NoMemory, TextMemory, Vanilla

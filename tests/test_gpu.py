@@ -17,9 +17,9 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.compare import Tolerance, compare_runs, markdown
-from harness.results import read_jsonl
-from harness.runner import run
+from harness.report.compare import Tolerance, compare_runs, markdown
+from harness.results.folder import read_jsonl
+from harness.running.runner import run
 from methods.errors import ConfigError
 from tests.conftest import EXPERIMENTS, REGRESSION, sweep_points, tiny_run_config
 
@@ -66,8 +66,8 @@ def test_every_experiment_runs_on_cuda_in_bfloat16_to_completion(tmp_path, reque
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_the_self_check_judges_the_low_precisions_on_the_device(dtype, tokenizer, tmp_path, monkeypatch):
-    from harness import selfcheck
-    from harness.models import ModelSpec
+    from harness.models import selfcheck
+    from harness.models.loading import ModelSpec
     from methods.backends.kv_prefix import KVPrefixBackend
     from tests.test_selfcheck import deep_llama, off_by_one
 
@@ -82,7 +82,7 @@ def test_the_self_check_judges_the_low_precisions_on_the_device(dtype, tokenizer
 
 
 def test_the_benchmark_on_cuda_times_both_backends_and_their_outputs_agree(tmp_path):
-    from harness.benchmark import main
+    from harness.measurement.benchmark import main
 
     out = tmp_path / "speed.md"
     main(["--shape", "tiny", "--device", "cuda", "--sizes", "2", "3", "--new-tokens", "5", "--repeats", "2",
@@ -150,9 +150,9 @@ def test_the_fast_paths_decode_steps_never_wait_for_the_host(tokenizer):
 
 
 def test_the_fragments_kept_between_jobs_are_held_on_the_host_and_served_on_the_device(tokenizer, monkeypatch):
-    from harness import runner
-    from harness.formed import tensors
-    from harness.models import ModelSpec
+    from harness.running import runner
+    from harness.running.formed import tensors
+    from harness.models.loading import ModelSpec
     from methods.formation import Former
     from methods.memory import LatentMemory
     from tests.conftest import FRAGMENTS, tiny_model

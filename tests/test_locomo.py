@@ -17,7 +17,6 @@ from harness.errors import ConfigError
 from methods.baselines import TextMemory
 from methods.formation import Former
 from methods.memory import LatentMemory
-from tests.conftest import FRAGMENTS
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo10.json"
 
@@ -302,7 +301,7 @@ def test_the_rank_column_says_what_ranked():
 def test_a_retrievers_run_says_in_its_records_and_summary_that_the_retriever_ranked(tmp_path, tiny_checkpoint):
     """method=select method.ranker=bm25 on task=locomo: the evidence rank is BM25's, and the run's own summary
     (its metrics.csv, the console's) says so, not "density"."""
-    from harness.runner import run
+    from harness.running.runner import run
     from tests.conftest import tiny_run_config
 
     cfg = tiny_run_config(tiny_checkpoint, "task=locomo", "method=select", "method.ranker=bm25", "task.groups=1",
@@ -319,7 +318,7 @@ def test_a_retrievers_run_says_in_its_records_and_summary_that_the_retriever_ran
 def test_every_method_answers_the_embedded_dialogues(tmp_path, request, method):
     """Every method end to end on task=locomo (the embedded set, every category): a record per question with
     LoCoMo's score; the methods that choose fragments say whether they read an evidence session."""
-    from harness.runner import run
+    from harness.running.runner import run
     from tests.conftest import tiny_run_config
 
     own = {"memoryllm_defrag": "tiny_memoryllm", "mplus_defrag": "tiny_mplus"}
@@ -339,7 +338,7 @@ def test_traced_layers_give_the_evidence_rank_at_every_layer_and_the_best_layer(
     """task.trace_layers: each record ranks its evidence session at every layer in both query modes (from the
     same densities the ranker reads), and tab:locomo_layers names the layer where it is most often in the
     first two."""
-    from harness.runner import run
+    from harness.running.runner import run
     from tests.conftest import tiny_run_config
 
     cfg = tiny_run_config(tiny_checkpoint, "task=locomo", "method=vanilla", "task.groups=1",

@@ -15,9 +15,9 @@ from evals.longbench import (LongBench, scores_by_subset, split_fixed, split_pas
                              truncate_middle)
 from evals.metrics import METRICS
 from harness.errors import ConfigError
-from harness.plugins import answer_budget
-from harness.results import read_jsonl
-from harness.runner import run
+from harness.plugins.contracts import answer_budget
+from harness.results.folder import read_jsonl
+from harness.running.runner import run
 from tests.conftest import tiny_run_config
 
 FIXTURES = Path(__file__).parent / "testdata"
@@ -141,7 +141,7 @@ def test_a_count_that_is_no_whole_number_is_refused_in_one_line_naming_it(key, v
 
 
 def test_the_declared_answer_budget_is_the_largest_its_questions_are_asked_with(data_dir):
-    """harness.plugins.answer_budget (the window preflight's) reads the largest budget over the subsets: the
+    """harness.plugins.contracts.answer_budget (the window preflight's) reads the largest budget over the subsets: the
     setting where given, else dataset2maxlen.json's (the fixture: hotpotqa 32, qasper 128; the embedded set: 32)."""
     both = LongBench("longbench", str(data_dir), subsets=["hotpotqa", "qasper"])
     assert both.answer_lengths == {"hotpotqa": 32, "qasper": 128} and answer_budget(both, 32) == 128

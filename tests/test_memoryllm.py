@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.runner import run
+from harness.running.runner import run
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.memoryllm.memoryllm import MemoryLLM, PoolWriter
 from methods.memoryllm.checkpoint import MemoryLLMConfig, MemoryLLMForCausalLM

@@ -11,9 +11,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness.errors import ConfigError
-from harness.migrate import migrate_all, with_ranker
-from harness.results import RunLock
-from harness.report import write
+from harness.report.migrate import migrate_all, with_ranker
+from harness.results.folder import RunLock
+from harness.report.document import write
 from tests.test_plugins import Passkey as IncompletePasskey
 from tests.test_report import fake_run
 
@@ -63,7 +63,7 @@ def test_the_report_refuses_a_column_split_on_a_setting_only_some_runs_recorded(
     fake_run(tmp_path / "b", "Retention", "vanilla", [{**r, "group": r["group"] + 2} for r in STEPS])
     with pytest.raises(ConfigError, match=r"^tab:retention: column vanilla would split on model.rope_scale, which "
                                           r".*/a records and .*/b does not: declare the value runs had before "
-                                          r"model.rope_scale existed in harness.results.LATER_MODEL_SETTINGS"):
+                                          r"model.rope_scale existed in harness.results.folder.LATER_MODEL_SETTINGS"):
         write(tmp_path)
 
 
@@ -103,7 +103,7 @@ def test_a_task_declares_its_own_table(tmp_path):
 def test_a_tasks_share_prints_in_percent_with_its_interval_as_every_table_does():
     """metrics.csv holds accuracy as a share (0.5); its table prints 50.0 and its Wilson interval, as the summary
     and tab:retention do."""
-    from harness.sections import in_percent
+    from harness.report.sections import in_percent
 
     metrics = pd.DataFrame({"step": [1, 3], "accuracy": [0.5, 1.0], "accuracy_low": [0.095, 0.439],
                             "accuracy_high": [0.905, 1.0], "n": [2, 3]})

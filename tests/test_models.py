@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from harness.models import content_key, converted_folder
+from harness.models.loading import content_key, converted_folder
 
 
 def test_a_gguf_of_the_same_name_but_other_content_is_converted_anew(tmp_path, monkeypatch):
@@ -29,7 +29,7 @@ def test_a_changed_file_is_hashed_again(tmp_path, monkeypatch):
 
 
 def test_a_library_error_is_shown_whole_on_one_line_without_dead_links():
-    from harness.models import one_line_cause
+    from harness.models.loading import one_line_cause
 
     err = OSError("Can't load tokenizer for '/data/m'. Make sure that it holds a tokenizer from one of:\n"
                   "- tokenizer.json\n- vocab.txt\n")
@@ -47,8 +47,8 @@ def test_a_cpu_load_leaves_the_environment_as_it_was_and_still_groups_sdpa_heads
     """transformers reads TRANSFORMERS_SDPA_FORCE_GQA at every attention call, process-wide: set by a CPU load, it
     would send every later CUDA model's masked attention to SDPA's math kernel. It is set only inside the CPU
     model's own attention calls."""
-    from harness.benchmark import build
-    from harness.models import SDPA_GROUPED, ModelSpec, load
+    from harness.models.shapes import build
+    from harness.models.loading import SDPA_GROUPED, ModelSpec, load
     from methods.attention.decoder import attentions
 
     monkeypatch.delenv(SDPA_GROUPED, raising=False)
@@ -67,7 +67,7 @@ def _fake_split(tmp_path, monkeypatch, contents):
     SplitGGUF that pins the sha256 of their joined content."""
     import hashlib
 
-    from harness.models import SplitGGUF
+    from harness.models.loading import SplitGGUF
 
     for i, content in enumerate(contents, 1):
         data = tmp_path / "site" / f"fake_part{i}" / "data"
@@ -104,7 +104,7 @@ def test_a_damaged_part_is_refused_in_one_line_and_leaves_nothing_in_the_cache(t
 
 def test_a_missing_part_package_names_the_install_command(tmp_path, monkeypatch):
     from harness.errors import ConfigError
-    from harness.models import QWEN25_CODER
+    from harness.models.loading import QWEN25_CODER
 
     split = _fake_split(tmp_path, monkeypatch, [b"a", b"b"])
     missing = type(split)("fake", "fake.gguf", (*split.packages, "fake_part_absent"), split.install, split.sha256)

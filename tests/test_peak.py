@@ -1,4 +1,4 @@
-"""The peak-memory formula (harness/peak.py, docs/gpu.md) against the storage found alive after a question: its live
+"""The peak-memory formula (harness/measurement/peak.py, docs/gpu.md) against the storage found alive after a question: its live
 terms (the stored memory, the trace's placed memory and rows; the weights were alive before) within 10 % of every
 tensor's storage that storing a memory and asking over it leave alive."""
 
@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from evals.retention import Retention
-from harness import peak
-from harness.models import ModelSpec, load
+from harness.measurement import peak
+from harness.models.loading import ModelSpec, load
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.memdefrag import MemDefrag
 from methods.session import Session
@@ -107,7 +107,8 @@ def test_the_formula_holds_smollm2_at_n_max():
 def test_a_jobs_peak_window_opens_after_the_self_check(tmp_path, tiny_checkpoint, monkeypatch):
     """The self-check holds the weights in fp32 for a moment (16 GB more for the 8B shape in bf16): a load
     transient, not the run's, so the job's CUDA peak is counted from after it."""
-    from harness import runner, selfcheck
+    from harness.running import runner
+    from harness.models import selfcheck
     from tests.conftest import tiny_run_config
 
     calls = []

@@ -1,4 +1,4 @@
-"""A plugin's contract (harness.plugins.CONTRACTS) checked when it is composed: a plugin that breaks it is refused
+"""A plugin's contract (harness.plugins.contracts.CONTRACTS) checked when it is composed: a plugin that breaks it is refused
 in one line naming the missing piece, before any weights load. The plugins below are a newcomer's, each wrong in
 one way; tests/test_bad_input.py runs them through the real command."""
 
@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 
 from evals.retention import Retention
 from harness.errors import ConfigError
-from harness.plugins import CONTRACTS, build, check_groups, check_record
-from harness.results import metrics_table
+from harness.plugins.contracts import CONTRACTS, build, check_groups, check_record
+from harness.results.folder import metrics_table
 from methods.base import Method, Plan
 from methods.baselines import Vanilla
 from methods.compression.compressor import NoCompression
@@ -189,7 +189,7 @@ def test_a_plugin_of_several_words_is_named_by_its_yaml_in_its_schema_and_its_re
     from hydra import compose, initialize_config_module
 
     from conf import schema
-    from harness.plugins import config_name
+    from harness.plugins.contracts import config_name
 
     (tmp_path / "conf" / "method").mkdir(parents=True)
     (tmp_path / "conf" / "method" / "recency_window.yaml").write_text(

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 from harness import cli
-from harness.results import flattened
+from harness.results.folder import flattened
 from tests.test_config import composed
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

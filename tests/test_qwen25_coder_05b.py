@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from harness import selfcheck
-from harness.models import ModelSpec, load
+from harness.models import selfcheck
+from harness.models.loading import ModelSpec, load
 from methods.backends.kv_prefix import KVPrefixBackend
 from tests.test_config import composed
 from tests.test_smollm2 import memdefrag

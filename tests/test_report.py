@@ -8,7 +8,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from evals.locomo import layers_table
-from harness.report import write
+from harness.report.document import write
 
 
 def fake_run(folder, task, method, records, forgetting="unbounded", info=None, study=None, dataset="nqa",
@@ -214,7 +214,7 @@ def test_a_figure_takes_an_interval_whose_rounded_end_lies_past_its_mean(tmp_pat
     the point is drawn, not refused for a negative error bar."""
     import pandas as pd
 
-    from harness.figures import accuracy_against_time
+    from harness.results.figures import accuracy_against_time
 
     table = pd.DataFrame({"model": ["m"], "method": ["vanilla"], "s/question": [1.0], "f1": [20.0],
                           "f1 low": [20.000000000000004], "f1 high": [20.0]})

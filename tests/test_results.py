@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness.errors import ConfigError
-from harness.results import ResultFolder
+from harness.results.folder import ResultFolder
 
 CFG = OmegaConf.create({"method": {"label": "vanilla"}, "task": {"groups": 3}, "threads": 1})
 
@@ -72,7 +72,7 @@ def test_a_second_writer_is_refused_naming_the_folder_and_the_holder(tmp_path):
 
 def test_the_lock_goes_with_a_killed_process(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from omegaconf import OmegaConf; "
-                               "from harness.results import ResultFolder; "
+                               "from harness.results.folder import ResultFolder; "
                                f"f = ResultFolder({str(tmp_path)!r}, OmegaConf.create({dict(CFG)!r})); "
                                "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"

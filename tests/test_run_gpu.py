@@ -10,9 +10,9 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from harness.benchmark import SHAPES
-from harness.models import check_source
-from harness.runner import preflight
+from harness.models.shapes import SHAPES
+from harness.models.loading import check_source
+from harness.running.runner import preflight
 from methods.window import trained_window
 from tests.conftest import sweep_points
 from tests.test_config import composed
@@ -48,7 +48,7 @@ def test_run_gpu_reads_the_packs_data_and_tokenizer_and_writes_one_checkpoint_at
     first = done.stdout.splitlines()[0]
     assert first.startswith(f"random checkpoints under {ckpt}, one at a time: llama31_8b 16.1 GB") and "free" in first
     bench = [c for c in calls if c.startswith("memdefrag-bench")]
-    selfchecks = [c for c in calls if c.startswith("python3 -m harness.selfcheck")]
+    selfchecks = [c for c in calls if c.startswith("python3 -m harness.models.selfcheck")]
     assert len(selfchecks) == 3 and all(f"--tokenizer {tmp_path / 'tok'}" in c for c in bench + selfchecks)
     assert all(f"--data-dir {tmp_path / 'data'}" in c for c in bench if "--save-random" not in c)
     saved = [c.split("--save-random ")[1].split()[0] for c in bench if "--save-random" in c]
@@ -60,7 +60,7 @@ def test_run_gpu_reads_the_packs_data_and_tokenizer_and_writes_one_checkpoint_at
 
 def test_every_memdefrag_run_passes_preflight_and_reads_past_its_window_only_where_allowed(tmp_path, tiny_checkpoint):
     """Each run of each `memdefrag` line (its experiment's axes, then its own) on a checkpoint of the shape it names
-    (config and tokenizer, empty weights: the same window as harness.benchmark.SHAPES declares) passes preflight. A
+    (config and tokenizer, empty weights: the same window as harness.models.shapes.SHAPES declares) passes preflight. A
     memory past the window (model.memory_capacity, else a MemoryLLM's pool) needs allow_beyond_window=true, which
     preflight cannot see where a method reads a pool of its own: MemoryLLM-8B's 12,800 slots past 8,192 positions."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from harness.errors import ConfigError
-from harness.runner import run
-from harness.shards import merge_sweep, parse
+from harness.running.runner import run
+from harness.running.shards import merge_sweep, parse
 from tests.conftest import tiny_overrides, tiny_run_config
 
 RUN = ("method=memdefrag_top1", "forgetting=random", "model.memory_capacity=200", "task.groups=4")
@@ -96,7 +96,7 @@ def test_tracer_sweep_records_a_layer_that_memdefrag_then_uses(tmp_path, tiny_ch
 
 
 def test_a_sequential_sweep_forms_each_distractor_once(tmp_path, tiny_checkpoint, monkeypatch):
-    from harness import runner
+    from harness.running import runner
     from methods.formation import Former
     monkeypatch.setattr(runner, "_FORMED", {})       # as in a fresh process
     prefilled = []

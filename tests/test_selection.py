@@ -4,8 +4,8 @@ oracle on the tasks that mark targets, and density + Top-K + best last + latent 
 import pytest
 import torch
 
-from harness.results import read_jsonl
-from harness.runner import run
+from harness.results.folder import read_jsonl
+from harness.running.runner import run
 from methods.base import Question
 from methods.memory import Fragment, LatentMemory
 from methods.selection.arrange import adaptive_k, best_window, defragment, rotated

@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from harness import selfcheck
+from harness.models import selfcheck
 from harness.errors import ConfigError
-from harness.models import ModelSpec
+from harness.models.loading import ModelSpec
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.attention.positions import Rotary

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from harness.errors import ConfigError
-from harness.results import read_jsonl
-from harness.slurm import check_request
+from harness.results.folder import read_jsonl
+from harness.running.slurm import check_request
 from tests.conftest import tiny_overrides
-from tests.test_docs import ROOT, blocks, command_lines
+from tests.test_docs import blocks, command_lines
 
 ON_CPU = ["hydra/launcher=slurm", "hydra.launcher.partition=cpu", "hydra.launcher.cpus_per_task=1",
           "hydra.launcher.mem_gb=1"]
@@ -341,7 +341,7 @@ def test_without_sbatch_a_slurm_sweep_is_one_line(tmp_path, tiny_checkpoint):
 
 def test_an_sbatch_refusing_without_a_word_is_still_one_line(monkeypatch):
     """sbatch --test-only failing with nothing on stderr or stdout: the refusal names its exit status."""
-    monkeypatch.setattr("harness.slurm.ask",
+    monkeypatch.setattr("harness.running.slurm.ask",
                         lambda *command, stdin=None: subprocess.CompletedProcess(command, 1, "", ""))
     with pytest.raises(ConfigError, match=r"^SLURM refuses the request \(sbatch --test-only exited 1\): "
                                           r"hydra.launcher.partition=cpu "):

@@ -103,7 +103,7 @@ def test_the_main_job_on_the_embedded_model_answers_as_its_cached_run(tmp_path):
     """The main job's five methods on 2 groups of 5 updates (16 tokens an answer), answer for answer as cached."""
     from hydra import compose, initialize_config_module
 
-    from harness.runner import run
+    from harness.running.runner import run
     from tests.conftest import matches_cached, sweep_points
 
     for i, point in enumerate(sweep_points("main")):

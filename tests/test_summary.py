@@ -4,7 +4,7 @@ import json
 
 from omegaconf import OmegaConf
 
-from harness.summary import run_labels, sweep_table
+from harness.results.summary import run_labels, sweep_table
 
 
 def write_run(folder, name, records, dataset="synthetic", method="vanilla", forgetting="unbounded", **method_fields):
@@ -31,7 +31,7 @@ def test_the_sweeps_csv_gives_each_accuracy_its_n_and_interval(tmp_path):
 
     import pandas as pd
 
-    from harness.summary import SweepSummary
+    from harness.results.summary import SweepSummary
 
     write_run(tmp_path, "a", [{"group": g, "step": 1, "correct": g < 5} for g in range(10)])
     SweepSummary().on_multirun_end(SimpleNamespace(hydra=SimpleNamespace(sweep=SimpleNamespace(dir=str(tmp_path)))))
@@ -43,7 +43,7 @@ def test_the_sweeps_csv_gives_each_accuracy_its_n_and_interval(tmp_path):
 def test_the_sweeps_markdown_names_its_rows_by_dataset_and_step_not_by_tuples(tmp_path):
     from types import SimpleNamespace
 
-    from harness.summary import SweepSummary
+    from harness.results.summary import SweepSummary
 
     write_run(tmp_path, "a", [{"group": g, "step": 3, "correct": g < 1} for g in range(2)], dataset="own")
     SweepSummary().on_multirun_end(SimpleNamespace(hydra=SimpleNamespace(sweep=SimpleNamespace(dir=str(tmp_path)))))
@@ -82,7 +82,7 @@ def test_a_label_that_names_its_knobs_gets_no_override_strings():
 def test_a_sweep_of_a_task_without_steps_is_summarised_from_its_metrics(tmp_path):
     from types import SimpleNamespace
 
-    from harness.summary import SweepSummary
+    from harness.results.summary import SweepSummary
 
     for name, method, score in (("0_vanilla", "vanilla", 10.0), ("1_top2", "memdefrag_top2", 30.0)):
         write_run(tmp_path, name, [{"group": 0, "subset": "fictional_document", "f1": score}], method=method)
@@ -96,7 +96,7 @@ def test_a_sweep_of_questions_without_steps_is_summarised_by_its_metrics(tmp_pat
     """LoCoMo's records are judged (`correct`) but asked once, at no step: its sweep gets every run's metrics."""
     from types import SimpleNamespace
 
-    from harness.summary import SweepSummary
+    from harness.results.summary import SweepSummary
 
     write_run(tmp_path, "a", [{"group": 0, "category": 4, "correct": True}])
     (tmp_path / "a" / "metrics.csv").write_text("method,category,f1\nvanilla,4,50.0\n")

@@ -6,8 +6,8 @@ import weakref
 
 import torch
 
-from harness import runner
-from harness.models import ModelSpec
+from harness.running import runner
+from harness.models.loading import ModelSpec
 from methods.memory import Fragment
 from tests.conftest import tiny_run_config
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from harness import runner
-from harness.runner import run
+from harness.running import runner
+from harness.running.runner import run
 from tests.conftest import tiny_run_config
 
 

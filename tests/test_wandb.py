@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from harness import results
-from harness.runner import run
-from harness.wandb_log import RUN_ID_FILE
+from harness.results import folder as results
+from harness.running.runner import run
+from harness.running.loggers import RUN_ID_FILE
 from tests.conftest import tiny_run_config
 
 RUN = ("logger=wandb", "logger.mode=offline", "task.groups=4", "task.updates=2", "method=vanilla")

@@ -12,10 +12,10 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, Llama
 
 from evals.locomo import PROTOCOLS, ProtocolName
 from harness.errors import ConfigError
-from harness.report import write
-from harness.results import read_config
-from harness.runner import preflight, run
-from harness.window_records import summarize, with_beyond_window
+from harness.report.document import write
+from harness.results.folder import read_config
+from harness.running.runner import preflight, run
+from harness.report.window_records import summarize, with_beyond_window
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.baselines import NoMemory, TextMemory, Vanilla
@@ -210,7 +210,7 @@ def protocol_prompt(checkpoint, protocol: str, question: str = "") -> int:
 
 
 def test_an_older_record_counts_the_answer_budget_and_prompt_its_task_asked_with(short_window):
-    """harness.window_records counts a task's budget and prompt by the preflight's rule: an older LoCoMo record's
+    """harness.report.window_records counts a task's budget and prompt by the preflight's rule: an older LoCoMo record's
     answer took its protocol's budget and its protocol's wording of the question."""
     record = {"used_tokens": 400, "memory_tokens": 399, "question": "?", "output": ""}    # a full window, then more
     past = {}
@@ -260,7 +260,7 @@ def test_an_answer_budget_that_fills_the_window_is_the_task_s_when_it_declares_o
 
 
 def test_an_older_longbench_record_counts_its_own_subset_s_answer_budget_and_template(short_window):
-    """harness.window_records counts the budget and prompt an older LongBench record's answer took: its subset's
+    """harness.report.window_records counts the budget and prompt an older LongBench record's answer took: its subset's
     (by the preflight's rule on the task of that subset: the template's part after its context, in the chat
     template); a record that names none, the largest budget and the shortest prompt the task asks with."""
     record = {"used_tokens": 400, "memory_tokens": 399, "question": "?", "output": ""}    # a full window, then more
@@ -294,7 +294,7 @@ def test_with_the_opt_in_every_record_says_how_far_past_and_run_json_counts_them
                                                ("vanilla", "shared_prefix")])
 def test_an_older_record_gets_the_beyond_window_its_run_would_have_measured(method, formation, short_window,
                                                                             tmp_path):
-    """harness.window_records estimates a record written before the window was checked from its used_tokens, its
+    """harness.report.window_records estimates a record written before the window was checked from its used_tokens, its
     question's prompt (under shared_prefix the part after the header its sink holds) and the run's budget (and,
     for a method that traces, its whole memory): on a run that measured them, the estimate is the measure;
     run.json's summary follows the records."""

@@ -1,9 +1,9 @@
 """memdefrag's hydra/launcher plugins (Hydra takes launchers only from the hydra_plugins package): the
-submitit launchers with harness.slurm's preflight, status lines and failure reports."""
+submitit launchers with harness.running.slurm's preflight, status lines and failure reports."""
 
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
-from harness.slurm import Slurm, Waiting
+from harness.running.slurm import Slurm, Waiting
 
 
 class SlurmLauncher(Slurm, submitit_launcher.SlurmLauncher):

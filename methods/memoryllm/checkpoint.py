@@ -12,7 +12,7 @@ blocks in the pool (its short-term memory), a long-term memory per layer (`ltm.<
 `ltm_keys`, `ltm_recall_frequencies`, `ltm_ages`) and per layer the retriever's projections
 (`self_attn.query_proj`, `key_proj`, `encoder_query_proj`); its pool is always initialized.
 
-Registered with transformers' auto classes for `model_type: memoryllm`, so `harness.models.load` reads such a
+Registered with transformers' auto classes for `model_type: memoryllm`, so `harness.models.loading.load` reads such a
 checkpoint like any other. The forward is the Llama's own; the memory is applied by `methods.memoryllm.memoryllm`.
 """
 

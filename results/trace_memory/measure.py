@@ -14,7 +14,7 @@ import time
 import torch
 
 from evals.retention import Retention
-from harness.models import ModelSpec, load
+from harness.models.loading import ModelSpec, load
 from methods.attention.tracing import densities, eager_attention, returned_weights, until_stopped
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend

@@ -1,16 +1,16 @@
 """`memdefrag migrate RESULTS_DIR`: every run folder below brought to the current record format, so that one
 report reads them all alike.
 
-- config.yaml: every setting added since the run was written, at the value it then had (harness.results.as_of_now),
+- config.yaml: every setting added since the run was written, at the value it then had (harness.results.folder.as_of_now),
   so that no table splits a method's column on a setting that older runs did not record;
 - predictions.jsonl: each record annotated by the record hooks of this version (RECORD_HOOKS: the positions it
-  read past its model's trained window, harness/window_records.py; what ranked it), groups.jsonl's hashes
+  read past its model's trained window, harness/report/window_records.py; what ranked it), groups.jsonl's hashes
   following;
-- run.json: how many records read past the window (harness/window_records.py);
+- run.json: how many records read past the window (harness/report/window_records.py);
 - metrics.csv: the task's metrics of the finished groups' records as this version computes them (intervals
   included);
 - the folder's name: a name that is not plain (brackets, commas, spaces, `=`: a label's settings, as older
-  versions named folders) renamed to harness.results.folder_name of it, refused in one line before anything moves
+  versions named folders) renamed to harness.results.folder.folder_name of it, refused in one line before anything moves
   where that name is taken or a run is writing the folder.
 
 Nothing is guessed and no answer changes: a migrated folder reads as the same run, and migrating twice changes
@@ -26,11 +26,11 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness.errors import ConfigError, OneLineParser
-from harness.plugins import build
-from harness.results import (RunLock, as_of_now, atomic_write, digest, folder_name, metrics_table, read_config,
+from harness.plugins.contracts import build
+from harness.results.folder import (RunLock, as_of_now, atomic_write, digest, folder_name, metrics_table, read_config,
                              read_jsonl, read_lines)
-from harness.summary import run_folders
-from harness.window_records import summarize, with_beyond_window
+from harness.results.summary import run_folders
+from harness.report.window_records import summarize, with_beyond_window
 
 
 def with_ranker(config: dict, records: list[dict]) -> list[dict]:
@@ -103,7 +103,7 @@ def migrate(folder: Path) -> list[str]:
 def rename_all(root: Path) -> dict[Path, Path]:
     """Every run folder below `root` whose name is not plain renamed to folder_name of it; {old: new}. Refused,
     before any folder moves, where a new name is taken (by a folder, or by two old names) or a run holds a
-    folder's lock (harness.results.RunLock names the holder)."""
+    folder's lock (harness.results.folder.RunLock names the holder)."""
     moves = {f: f.with_name(folder_name(f.name)) for f in run_folders(root) if folder_name(f.name) != f.name}
     for old, new in moves.items():
         if new.exists() or list(moves.values()).count(new) > 1:

@@ -24,7 +24,7 @@ from pathlib import Path
 import xxhash
 
 from harness.errors import ConfigError
-from harness.results import atomic_write
+from harness.results.folder import atomic_write
 
 MANIFEST = "memdefrag-manifest.json"
 

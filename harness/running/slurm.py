@@ -9,7 +9,7 @@ change (job id, SLURM's pending reason, running and finished counts, the log fol
 in the job, so SLURM records it FAILED and submitit keeps its error; the command waits for every other job,
 writes the summary of what finished, then exits 2 with each failed job's own line, its job id and its log.
 Interrupted while waiting, it cancels its jobs. Rerunning the same command into the same hydra.sweep.dir
-resumes every run (harness.results keeps finished groups); so do requeued jobs and jobs that reach their time
+resumes every run (harness.results.folder keeps finished groups); so do requeued jobs and jobs that reach their time
 limit (Requeue: requeued as long as each try finishes a group).
 """
 
@@ -32,14 +32,14 @@ from submitit.core.job_environment import JobEnvironment, SignalHandler
 from submitit.core.utils import DelayedSubmission
 
 from harness.errors import ConfigError, stops_on_config_error
-from harness.results import read_jsonl
-from harness.summary import SweepSummary
+from harness.results.folder import read_jsonl
+from harness.results.summary import SweepSummary
 
 COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo")     # what submitting and waiting take
 POLL_S = 5                     # seconds between looks at the queue while waiting
 ASK_S = 30                     # the longest wait for one answer of sbatch, squeue or scontrol
 LOOK_S = 30                    # slurmctld looks at time limits every 30 s: its signal comes up to that much early
-MARK = "harness.slurm.JobFailed: "    # how a failed job's own line reads in the trace submitit keeps
+MARK = "harness.running.slurm.JobFailed: "    # how a failed job's own line reads in the trace submitit keeps
 # states after which a job runs no more: SLURM's (a requeued job passes through PENDING instead), then local ones
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
          "ENDED", "FINISHED", "INTERRUPTED"}

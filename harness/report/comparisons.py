@@ -1,5 +1,5 @@
 """The comparative tables, `tab:rankers` and `tab:peers`: each accuracy with its interval, each row paired with a
-reference row on the same questions, and the claims the text makes of them (harness.claims).
+reference row on the same questions, and the claims the text makes of them (harness.report.claims).
 
 A row pools the runs of one model, dataset and method that differ only in `task.seed` (another draw of the
 synthetic set, or of the groups from a real one): its interval covers groups and seeds, and a question is
@@ -15,10 +15,10 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from evals.stats import wilson, with_interval
-from harness.claims import STEPS, keyed, supported
-from harness.figures import accuracy_against_time
-from harness.results import read_jsonl
-from harness.sections import Run, Section, bench_table, labelled, named
+from harness.report.claims import STEPS, keyed, supported
+from harness.results.figures import accuracy_against_time
+from harness.results.folder import read_jsonl
+from harness.report.sections import Run, Section, bench_table, labelled, named
 from methods.session import UPDATE_PHASES
 from methods.window import BEYOND_MARK
 
@@ -41,7 +41,7 @@ class Row:
 
     @property
     def key(self) -> tuple[str, str, str]:
-        """The row as a claim names it (harness.claims.keyed)."""
+        """The row as a claim names it (harness.report.claims.keyed)."""
         return self.model, self.dataset, self.name
 
     @cached_property
@@ -172,7 +172,7 @@ def peer_row(row: Row) -> dict:
                                          "memory tokens stored": last["memory_tokens"].mean()})
 
 
-PEERS = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "peers.yaml"      # its methods' order
+PEERS = Path(__file__).resolve().parents[2] / "conf" / "experiment" / "peers.yaml"      # its methods' order
 
 
 def peers_section(root, runs, figures) -> Section:

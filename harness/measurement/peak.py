@@ -70,7 +70,7 @@ def live(t: dict[str, int]) -> int:
 def peak(t: dict[str, int]) -> int:
     """The most any phase holds: a question (hidden_prefix stacks its states then), an update that evicts and
     forms a fragment, or the self-check (weights in fp32, no memory yet; before a job's peak window
-    opens: harness/runner.py)."""
+    opens: harness/running/runner.py)."""
     base = live(t)
     return max(base + t["view"] + t["hidden_prefix_copy"], base + t["eviction"] + t["formation"],
                t["weights"] + t["selfcheck_fp32"])

@@ -20,7 +20,7 @@ NO_DEFAULT = "none"
 
 
 def tracers_file() -> Path:
-    return Path(os.environ.get("MEMDEFRAG_TRACERS", Path(__file__).resolve().parents[1] / "conf" / "tracers.yaml"))
+    return Path(os.environ.get("MEMDEFRAG_TRACERS", Path(__file__).resolve().parents[2] / "conf" / "tracers.yaml"))
 
 
 def start_file() -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness.errors import ConfigError
-from harness.plugins import build
-from harness.results import ResultFolder, metrics_table, read_config, read_jsonl, read_run_info
-from harness.summary import run_folders
+from harness.plugins.contracts import build
+from harness.results.folder import ResultFolder, metrics_table, read_config, read_jsonl, read_run_info
+from harness.results.summary import run_folders
 
 
 def parse(spec: str | None) -> tuple[int, int] | None:

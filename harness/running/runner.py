@@ -16,13 +16,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 from tqdm import tqdm
 
-from harness import selfcheck, shards
+from harness.models import selfcheck
+from harness.running import shards
 from harness.errors import ConfigError
-from harness.formed import FormedFragments, Unkept
-from harness.models import ModelSpec, check_source, load, one_line_cause
-from harness.plugins import (answer_budget, build, check_first_record, check_groups, check_record, checked,
+from harness.running.formed import FormedFragments, Unkept
+from harness.models.loading import ModelSpec, check_source, load, one_line_cause
+from harness.plugins.contracts import (answer_budget, build, check_first_record, check_groups, check_record, checked,
                              prompt_positions, refused)
-from harness.results import ResultFolder, flattened, metrics_table, peak_memory_mb, reset_peak_memory
+from harness.results.folder import ResultFolder, flattened, metrics_table, peak_memory_mb, reset_peak_memory
 from methods.attention.decoder import num_layers
 from methods.compression.compressor import kept_count
 from methods.forgetting import CapacityError

@@ -30,9 +30,9 @@ import torch
 import transformers
 
 import methods
-from harness.cache import read_json, usable, write_json
+from harness.models.cache import read_json, usable, write_json
 from harness.errors import ConfigError, OneLineParser
-from harness.models import ModelSpec
+from harness.models.loading import ModelSpec
 from methods.formation import Former
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
@@ -204,14 +204,14 @@ def verify(backend, tokenizer, spec: ModelSpec) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m harness.selfcheck --model gemma3_270m`: both backends against the truth on one group's fragments
+    """`python -m harness.models.selfcheck --model gemma3_270m`: both backends against the truth on one group's fragments
     of a retention set, stored in order (vanilla) and as a reordered Top-2 view, with the verdict each would get;
     `--shape llama31_8b --dtype bfloat16 --device cuda`: a random model of a real shape instead."""
     import pandas as pd
 
     from evals.retention import Retention
-    from harness.benchmark import SHAPES, build
-    from harness.models import DTYPES, load
+    from harness.models.shapes import SHAPES, build
+    from harness.models.loading import DTYPES, load
 
     parser = OneLineParser(description=main.__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="a config in conf/model/")
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         index=False, floatfmt=".3g")
     print(table)
     if args.out:
-        command = " ".join(["python -m harness.selfcheck", *(sys.argv[1:] if argv is None else argv)])
+        command = " ".join(["python -m harness.models.selfcheck", *(sys.argv[1:] if argv is None else argv)])
         Path(args.out).write_text(f"`{command}` (device {model.device}, {torch.get_num_threads()} threads; truth: "
                                   f"the hidden-prefix formulation in float32, margin {MARGIN})\n\n{table}\n")
 

@@ -41,7 +41,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.errors import ConfigError
-from harness.plugins import checked
+from harness.plugins.contracts import checked
 
 PACKAGES = ("torch", "transformers", "hydra-core", "wandb", "memdefrag")
 
@@ -50,7 +50,7 @@ def git_hash() -> str | None:
     """The commit of the checkout this code runs from; None where the code is not a checkout's own (an installed
     wheel, or an exported copy that lies inside some other repository, whose commit says nothing of it)."""
     here = Path(__file__).resolve()
-    project = here.parents[1]
+    project = here.parents[2]
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, check=True, cwd=project).stdout

@@ -1,6 +1,6 @@
 """Figures and tables of the analysis tasks, from a run folder's files.
 
-`python -m harness.analysis RUN_DIR...`: for a probe run, tracing.md (the per-layer table,
+`python -m harness.report.analysis RUN_DIR...`: for a probe run, tracing.md (the per-layer table,
 best first); for a distortion run, per query mode, the density heatmap, accuracy and density
 at the best-correlated layer, and the correlation bars (PNG), plus correlations.md.
 """
@@ -14,10 +14,10 @@ from omegaconf import OmegaConf
 from evals.distortion import accuracy_by_step, correlations, density_by_step
 from evals.probe import tracing_table
 from harness.errors import OneLineParser
-from harness.figures import accuracy_and_density, correlation_bars, density_heatmap
-from harness.plugins import declared_tables
-from harness.results import read_jsonl
-from harness.sections import with_bounds
+from harness.results.figures import accuracy_and_density, correlation_bars, density_heatmap
+from harness.plugins.contracts import declared_tables
+from harness.results.folder import read_jsonl
+from harness.report.sections import with_bounds
 from methods.attention.tracing import QueryMode
 
 

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from evals.stats import wilson
 from harness.errors import ConfigError, OneLineParser
-from harness.results import as_of_now, flattened, read_config, read_jsonl
+from harness.results.folder import as_of_now, flattened, read_config, read_jsonl
 
 
 # settings a run's label already says, or that do not make it another run
@@ -140,8 +140,8 @@ class SweepSummary(Callback):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m harness.summary RESULTS... --markdown F --plot F`: one table over result folders."""
-    from harness.figures import accuracy_curves
+    """`python -m harness.results.summary RESULTS... --markdown F --plot F`: one table over result folders."""
+    from harness.results.figures import accuracy_curves
 
     parser = OneLineParser(description=main.__doc__)
     parser.add_argument("folders", nargs="+", help="result or sweep folders (searched recursively)")

@@ -22,10 +22,10 @@ from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.errors import ConfigError
-from harness.outputs import writable_folder
-from harness.runner import preflight
+from harness.results.paths import writable_folder
+from harness.running.runner import preflight
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 RUN_FLAGS = ("-m", "--multirun")          # any other Hydra flag (--help, --cfg, ...) asks for no run
 
 

@@ -235,7 +235,7 @@ def check_first_record(task, record: dict, what: str = "task") -> bool:
     return True
 
 
-def config_name(group: str, target: str, conf: Path = Path(__file__).resolve().parents[1] / "conf") -> str:
+def config_name(group: str, target: str, conf: Path = Path(__file__).resolve().parents[2] / "conf") -> str:
     """The name a plugin is chosen by on the command line (`task=own_jsonl` for OwnJsonl): the YAML of
     conf/<group> whose `_target_` is `target` (where several are, the one named as the class), else the class's
     name in lower case."""

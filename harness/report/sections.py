@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 
 from evals.stats import bootstrap_mean, wilson, with_interval
 from harness.errors import ConfigError
-from harness.plugins import declared_tables
-from harness.results import as_of_now, flattened, read_config, read_jsonl, read_run_info
-from harness.summary import IMPLIED, complete_groups, run_folders, run_labels
+from harness.plugins.contracts import declared_tables
+from harness.results.folder import as_of_now, flattened, read_config, read_jsonl, read_run_info
+from harness.results.summary import IMPLIED, complete_groups, run_folders, run_labels
 from methods.window import BEYOND_CELL, marked
 
 DEFAULT_MODEL = "smollm2"     # the paper tables' backbone here; other models get sections of their own
@@ -98,7 +98,7 @@ def labelled(runs: list[Run], table: str, leave: tuple[str, ...] = ()) -> list[s
 
 
 def run_columns(runs: list[Run], table: str, leave: tuple[str, ...] = ()) -> list[str]:
-    """Each run's column (harness.summary.run_labels) among the runs of its own model and dataset, so that a
+    """Each run's column (harness.results.summary.run_labels) among the runs of its own model and dataset, so that a
     setting that differs only between datasets (N_max, say) splits no column; `leave`: task settings left out
     (`seed`: runs of several seeds pool into one row). Refused, naming the setting, where runs that would share a
     column split on a setting only some of them recorded (a run folder older than the setting: `memdefrag
@@ -115,7 +115,7 @@ def run_columns(runs: list[Run], table: str, leave: tuple[str, ...] = ()) -> lis
 
 
 def rows_and_caption(runs: list[Run], among: list[Run], titled: tuple[str, ...] = ()) -> tuple[list[str], str]:
-    """One table's rows named by what differs between them (harness.summary.run_labels over these runs alone: the
+    """One table's rows named by what differs between them (harness.results.summary.run_labels over these runs alone: the
     method, then a setting only where two rows share a method), and its caption's part: what they share of what
     differs between the runs of `among` (every table of its kind), as `name=value`. Left to the title: a setting
     that follows from the model (one value per model among them), the method's own (its label names them), and
@@ -152,7 +152,7 @@ def refuse_one_sided(table: str, runs: list[Run], configs: list[dict]) -> None:
                     group, "LATER_PLUGIN_SETTINGS (by its _target_)")
                 raise ConfigError(f"{table}: column {name} would split on {key}, which {having[0].folder} records "
                                   f"and {lacking.folder} does not: declare the value runs had before {key} existed "
-                                  f"in harness.results.{where} (`memdefrag migrate` then records it), or move one "
+                                  f"in harness.results.folder.{where} (`memdefrag migrate` then records it), or move one "
                                   f"of the two runs out of the results")
 
 

@@ -13,7 +13,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
 def accuracy_curves(table: pd.DataFrame, path: str | Path, title: str = "") -> None:
-    """Plot a sweep table (harness.summary.sweep_table: accuracy % per dataset and step) to `path`."""
+    """Plot a sweep table (harness.results.summary.sweep_table: accuracy % per dataset and step) to `path`."""
     datasets = table.index.get_level_values("dataset").unique()
     fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.6), squeeze=False, sharey=True)
     for ax, dataset in zip(axes[0], datasets):

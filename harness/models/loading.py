@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import methods.memoryllm.checkpoint  # noqa: F401 - registers model_type memoryllm with transformers' auto classes
-from harness import cache
+from harness.models import cache
 from harness.errors import ConfigError
 from methods.attention import decoder
 from methods.attention.decoder import attentions
@@ -179,7 +179,7 @@ def converted_folder(gguf: Path) -> Path:
 
 
 def _convert_gguf(gguf: Path, folder: Path) -> None:
-    """De-quantize a GGUF file into a normal checkpoint folder (a cache entry: see harness.cache)."""
+    """De-quantize a GGUF file into a normal checkpoint folder (a cache entry: see harness.models.cache)."""
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
                                                  trust_remote_code=False)      # a GGUF file holds no code

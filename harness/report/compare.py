@@ -26,9 +26,9 @@ from omegaconf import OmegaConf
 
 from evals.stats import mcnemar
 from harness.errors import ConfigError, OneLineParser, stops_on_config_error
-from harness.outputs import writable_file
-from harness.results import ResultFolder, as_of_now, atomic_write, read_config, read_jsonl
-from harness.summary import run_folders
+from harness.results.paths import writable_file
+from harness.results.folder import ResultFolder, as_of_now, atomic_write, read_config, read_jsonl
+from harness.results.summary import run_folders
 
 IDENTITY = ("group", "step", "position", "subset", "id", "layer")     # what names a question within a run
 TIMING = ("seconds",)

@@ -1,13 +1,13 @@
 """Records written before reads were checked against the model's trained window (methods/window.py): each
 gets the `beyond_window` a run now writes, and run.json its `window` summary, from what the record and its run
-say. A record hook of `memdefrag migrate` (harness/migrate.py).
+say. A record hook of `memdefrag migrate` (harness/report/migrate.py).
 
 What an older record says of its read: `used_tokens` (the sink and the memory the answer read, or the text
 before its prompt; a trace-only record: its `memory_tokens` behind the one-token sink), its question (whose
-prompt is tokenized again by the preflight's rule, harness.plugins.prompt_positions: the task's own wording and
+prompt is tokenized again by the preflight's rule, harness.plugins.contracts.prompt_positions: the task's own wording and
 style where it declares them; after the memory's sink, which under shared_prefix holds the prompt's header, what
 follows that header; the whole prompt where the answer read no memory) and the answer budget its task asked with
-(harness.plugins.answer_budget); both on the task as the record was asked: a task of `subsets` narrowed to the
+(harness.plugins.contracts.answer_budget); both on the task as the record was asked: a task of `subsets` narrowed to the
 record's own `subset`, so a LongBench record counts its subset's template and budget, not its run's largest; no
 budget for a record without an answer. A question the task lengthens before wording it (LoCoMo's category hints
 and choices) reads a little more than this counts. A method that reads its fragments in parallel (APE:
@@ -26,9 +26,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness.errors import ConfigError
-from harness.models import ModelSpec, check_source
-from harness.plugins import answer_budget, build, prompt_positions
-from harness.results import atomic_write
+from harness.models.loading import ModelSpec, check_source
+from harness.plugins.contracts import answer_budget, build, prompt_positions
+from harness.results.folder import atomic_write
 from methods.formation import formation_header
 from methods.window import positions, trained_window, window_summary
 

@@ -1,9 +1,9 @@
 """`memdefrag collect RUNS_DIR STUDY`: copy finished or partial runs into RESULTS/STUDY/<dataset>/<run label>/
 and rebuild RESULTS/README.md from everything there (`memdefrag report`).
 
-A run's folder is named by the label its tables print (harness.summary.run_labels: method, forgetting,
+A run's folder is named by the label its tables print (harness.results.summary.run_labels: method, forgetting,
 compressor, then each other setting that differs between the runs collected together) made plain
-(harness.results.folder_name: its plain words, and a short digest of the label where it names a setting).
+(harness.results.folder.folder_name: its plain words, and a short digest of the label where it names a setting).
 A destination that already holds a run of other settings is refused, before anything is copied: collecting
 never overwrites another run's results.
 """
@@ -14,12 +14,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from harness import report
-from harness.compare import config_key
+from harness.report import document as report
+from harness.report.compare import config_key
 from harness.errors import ConfigError, OneLineParser
-from harness.outputs import inside, writable_folder
-from harness.results import atomic_write, folder_name, read_config
-from harness.summary import run_folders, run_labels
+from harness.results.paths import inside, writable_folder
+from harness.results.folder import atomic_write, folder_name, read_config
+from harness.results.summary import run_folders, run_labels
 
 FILES = ("config.yaml", "predictions.jsonl", "groups.jsonl", "metrics.csv", "run.json")
 
