@@ -40,8 +40,9 @@ setup-qwen25-coder-15b: setup
 run: setup
 	$(BIN)/memdefrag experiment=main
 
+# one worker per core (pytest-xdist); the SLURM tests stay together on one worker (tests/conftest.py)
 test: setup
-	$(BIN)/python -m pytest -ra
+	$(BIN)/python -m pytest -ra -n auto --dist loadgroup
 
 # Rewrites tests/testdata/regression/ from the current code (every tiny experiment, the main job on SmolLM2):
 # run it only when answers are meant to move, and review the diff of its files.

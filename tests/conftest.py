@@ -9,6 +9,11 @@ import shutil
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")    # before transformers reads it: no hub timeouts in tests
+# Under pytest-xdist (`make test` runs one worker per core) each worker and the commands it starts compute on one
+# thread: two workers of two threads each on two cores lose more to contention than they gain.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest
 import torch
@@ -17,7 +22,15 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, Cohere2Config, Co
                           GraniteConfig, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config, Phi3Config,
                           Qwen2Config, Qwen3Config, Qwen3MoeConfig, SmolLM3Config, StableLmConfig)
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+torch.set_num_threads(1 if WORKERS > 1 else min(2, torch.get_num_threads()))
+
+
+def pytest_collection_modifyitems(items):
+    """The tests that submit to the one SLURM cluster run one after another on one worker (`--dist loadgroup`):
+    they wait on its two CPUs and read its queue, which another worker's jobs would change under them."""
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,

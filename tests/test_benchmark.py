@@ -42,10 +42,10 @@ def test_a_random_checkpoint_of_a_shape_runs_through_the_harness(tmp_path):
 def test_an_offline_gpu_node_saves_and_times_a_shape_with_a_tokenizer_folder_and_no_data(tmp_path, monkeypatch):
     """What a GPU node without the embedded model has: a tokenizer folder; saving a random checkpoint reads no
     data (--data-dir names none), and the bench takes its tokenizer from the folder, not from SmolLM2."""
-    from harness.measurement import benchmark
+    from harness.models import shapes
 
     main(["--shape", "tiny", "--save-random", str(tmp_path / "first")])
-    monkeypatch.setattr(benchmark, "check_source", lambda spec: pytest.fail("the embedded model was read"))
+    monkeypatch.setattr(shapes, "check_source", lambda spec: pytest.fail("the embedded model was read"))
     main(["--shape", "tiny", "--save-random", str(tmp_path / "second"), "--tokenizer", str(tmp_path / "first"),
           "--data-dir", str(tmp_path / "nowhere")])
     assert (tmp_path / "second" / "tokenizer.json").is_file() and any((tmp_path / "second").glob("*.safetensors"))
