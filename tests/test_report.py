@@ -66,8 +66,11 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert re.search(r"\| nqa +\| 20 +\| 2.25 \[2.25, 2.25\] +\|", readme.split("tab:forgetting_rank")[1])
     assert re.search(r"\| nqa +\| 10 +\| 3.50 \[3.50, 3.50\] +\|", readme.split("tab:forgetting_seconds")[1])
     assert "in_band" in readme and "(p/b/tracing.md)" in readme and (tmp_path / "p" / "b" / "tracing.md").is_file()
-    assert "smollm2 latent chat shared_sink, 1 groups, target at all 2 positions (p/b)" in readme
-    assert "smollm2 text chat shared_sink, 2 groups, target at positions 1/2, one per group (p/t)" in readme
+    assert re.search(r"\| p/b +\| ", readme) and re.search(r"\| p/t +\| ", readme)     # a run's row: its folder
+    assert "[p/b](p/b/tracing.md): smollm2, latent memory, chat prompt, shared_sink, 1 groups, target at all 2 " \
+           "positions" in readme                                                    # its legend: the rest
+    assert "[p/t](p/t/tracing.md): smollm2, text, chat prompt, shared_sink, 2 groups, target at positions 1/2, " \
+           "one per group" in readme
     runtime = readme.split("(`tab:runtime`)")[0].split("## ")[-1] + readme.split("(`tab:runtime`)")[1].split("\n## ")[0]
     assert "Time per group (s); model llama31_8b; device cuda:0; dtype bfloat16; threads 1" in runtime
     assert re.search(r"\| dataset +\| +vanilla\+informativeness \| +memdefrag_top1\+informativeness \|", runtime)

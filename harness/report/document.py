@@ -133,24 +133,25 @@ def probe_section(root, runs) -> Section:
     chosen = [r for r in runs if label in r.tables]
     if not chosen:
         return Section(label, title, missing="no runs yet: memdefrag experiment=probe")
-    frames, links = [], []
+    frames, legend = [], []
     for run in chosen:
         records = read_jsonl(run.folder / "predictions.jsonl")
-        memory = "text" if run.config["method"]["label"] == "text" else "latent"
         table = with_bounds(tracing_table(records).groupby("query_mode").head(5))
         layers = records[0]["layers"]
         if layers == list(range(len(layers))):          # every layer probed: the paper's band is known
             table["in_band"] = table["layer"].isin(band(len(layers))).map({True: "yes", False: "no"})
         folder = str(run.folder.relative_to(root))
-        table.insert(0, "run", named(run, f"{run.config['model']['name']} {memory} {run.config['prompt']} "
-                                          f"{run.config['formation']}, {placements(records)} ({folder})"))
+        table.insert(0, "run", named(run, folder))      # the folder names a run in a few words; the legend says it
         frames.append(table)
+        memory = "text" if run.config["method"]["label"] == "text" else "latent memory"
         [full] = write_analysis(run.folder, records)
-        links.append(f"[{folder}]({full.relative_to(root)})")
+        legend.append(f"[{folder}]({full.relative_to(root)}): {run.config['model']['name']}, {memory}, "
+                      f"{run.config['prompt']} prompt, {run.config['formation']}, {placements(records)}")
     return Section(label, title, pd.concat(frames, ignore_index=True).round(2),
                    after="Mean rank with its 95 % bootstrap interval over groups, Top-k with its Wilson interval. "
-                         "Every layer, best first: " + ", ".join(links) + ". `in_band`: the layer lies in "
-                         "floor(L/3)..ceil(L/2), where the paper (App. F) looks for the tracer layer.")
+                         "`in_band`: the layer lies in floor(L/3)..ceil(L/2), where the paper (App. F) looks for the "
+                         "tracer layer. The runs, each with its every layer, best first:\n\n"
+                         + "\n".join(f"- {line}" for line in legend))
 
 
 def placements(records: list[dict]) -> str:
