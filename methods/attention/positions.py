@@ -71,7 +71,7 @@ class Rotated:
     layer: int
     function: str               # the rotary function's name in the modeling module
     slot: int                   # its place among the function's tensors (q, k) or (x,); calls in a layer in order
-    given: torch.Tensor         # [1, heads, T, rot] (heads_axis 1) or [1, T, heads, rot] (heads_axis 2)
+    given: torch.Tensor         # [batch, heads, T, rot] (heads_axis 1) or [batch, T, heads, rot] (heads_axis 2)
     result: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
@@ -161,8 +161,8 @@ def _candidates(model) -> list:
 
 
 def heads_first(tensor: torch.Tensor, heads_axis: int) -> torch.Tensor:
-    """[heads, T, d] of one sequence's tensor, whichever axis held its heads."""
-    return tensor[0] if heads_axis == 1 else tensor[0].transpose(0, 1)
+    """[batch, heads, T, d] of a tensor, whichever axis held its heads."""
+    return tensor if heads_axis == 1 else tensor.transpose(1, 2)
 
 
 class Rotary:
@@ -231,7 +231,7 @@ class Rotary:
     def _rotation(self, mine: list[Rotated], cached: torch.Tensor, tables) -> Rotation | None:
         """The one rotation in a layer whose result is the leading dims of `cached` [heads, T, d], or None."""
         for call, r in enumerate(mine):
-            result = heads_first(r.result, r.heads_axis) if r.heads_axis in (1, 2) else None
+            result = heads_first(r.result, r.heads_axis)[0] if r.heads_axis in (1, 2) else None
             if result is None or result.shape[:2] != cached.shape[:2] or \
                     not torch.equal(cached[..., : result.shape[-1]], result):
                 continue
@@ -242,20 +242,20 @@ class Rotary:
         return None
 
     def unrotated(self, seen: list[Rotated], cache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Every layer's position-free keys and values [heads, T, d] from a watched forward: what the
+        """Every layer's position-free keys and values [batch, heads, T, d] from a watched forward: what the
         rotary function was given, then the rest of the head as cached (never rotated); a tensor the
         layer gave no position as it is cached."""
         out: tuple[list, list] = ([], [])
         for index, (mine, layer) in enumerate(zip(by_layer(seen, len(cache.layers)), cache.layers)):
-            for slot, cached in enumerate((layer.keys[0], layer.values[0])):
+            for slot, cached in enumerate((layer.keys, layer.values)):
                 rotation = self.how[index].get(slot)
                 if rotation is None:
                     out[slot].append(cached)
                     continue
                 rotated = mine[rotation.call]
                 given = heads_first(rotated.given, rotated.heads_axis)
-                rest = cached[:, :, rotation.dims:]
-                out[slot].append(torch.cat([given, rest], dim=-1) if rest.shape[-1] else given.contiguous())
+                rest = cached[..., rotation.dims:]
+                out[slot].append(torch.cat([given, rest], dim=-1) if rest.shape[-1] else given)
         return out
 
     def tables(self, total: int, like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
