@@ -36,7 +36,7 @@ from harness.errors import ConfigError
 from harness.models.loading import ModelSpec
 from harness.results.folder import folder_name
 from harness.running.runner import Backend
-from methods.formation import Formation, Residence
+from methods.formation import Formation, FormationBatch, Residence
 from methods.generation import Decode
 from methods.prompting import PromptStyle
 
@@ -111,6 +111,7 @@ class RunSchema:
     prompt: PromptStyle = SI("${model.prompt}")
     max_new_tokens: int = 32
     decode: Optional[Decode] = None         # methods/generation.py: eager | captured; null: captured on a GPU
+    formation_batch: Optional[FormationBatch] = None   # methods/formation.py: solo | batched; null: batched on a GPU
     reuse_formed: bool = True               # false (timed studies): every group forms every fragment it reads
     allow_beyond_window: bool = False       # methods/window.py: reads past the trained window run, labelled
     threads: Optional[int] = None

@@ -1,4 +1,6 @@
-"""Memory formation: one fragment prefilled alone in one forward pass.
+"""Memory formation: each fragment prefilled alone (its states depend on its own tokens only), one forward per
+fragment, or, under `formation_batch=batched` (a GPU's default), the fragments a group is about to store side by
+side in one padded forward, each row's states those of its forward alone.
 
 Three formations, because a fragment prefilled alone turns its first token into
 an attention sink that inflates its density:
@@ -29,13 +31,25 @@ from transformers import DynamicCache
 from methods.memory import Fragment, Layered, LatentMemory, pinned
 from methods.attention.decoder import DecoderError, cache_keyword, hooked, layers
 from methods.attention.positions import Rotary, watching_rotary
-from methods.errors import one_of
+from methods.errors import one_of, whole_number
 from methods.prompting import prompt_header
 
 Formation = StrEnum("Formation", ["shared_sink", "reference", "own_bos", "shared_prefix"])   # see the module docstring
+# how many fragments one forward forms: one (`solo`), or several a group is about to store (`batched`, see
+# Former.expect): on a GPU a forward is ~1,450 kernel launches on an 8B model, whose host time a short fragment's
+# arithmetic does not cover
+FormationBatch = StrEnum("FormationBatch", ["solo", "batched"])
+# padded positions (rows x the longest row) one batched forward holds: its transients (cache, logits) are those of
+# one fragment of as many tokens (docs/gpu.md); a fragment longer than this is formed alone
+BATCH_TOKENS = 2048
 # where a fragment's tensors live: on the model's device (no copy at formation, forgetting or placement), or in
 # host memory (pinned on a GPU, so placement copies overlap compute) for a memory larger than the device
 Residence = StrEnum("Residence", ["model", "host"])
+
+
+def default_formation_batch(device: torch.device) -> str:
+    """batched on a GPU; solo elsewhere (a CPU's forward costs its arithmetic, to which padding only adds)."""
+    return "batched" if device.type == "cuda" else "solo"
 
 
 def sink_token_id(tokenizer) -> int:
@@ -59,17 +73,17 @@ def sink_ids(tokenizer, header: list[int]) -> list[int]:
 
 
 @contextmanager
-def capture_layer_inputs(model):
-    """Record the hidden-state input of every decoder layer during a forward."""
+def capture_layer_inputs(model, rows: int = 1):
+    """Record the hidden-state input [rows, T, hidden] of every decoder layer during a forward of `rows` sequences."""
     captured: list[torch.Tensor] = []
 
     def make_hook(index):
         def hook(module, args, kwargs):
             states = args[0] if args else kwargs["hidden_states"]
-            if states.dim() != 3 or states.shape[0] != 1:       # Gemma-3n's AltUp: several streams per token
+            if states.dim() != 3 or states.shape[0] != rows:    # Gemma-3n's AltUp: several streams per token
                 raise DecoderError(f"model type {model.config.model_type!r}: decoder layer {index} takes hidden "
-                                   f"states of shape {tuple(states.shape)}, not one vector per token ([1, tokens, "
-                                   f"width]), so the paper's formulation cannot store its layer inputs")
+                                   f"states of shape {tuple(states.shape)}, not one vector per token ([{rows}, "
+                                   f"tokens, width]), so the paper's formulation cannot store its layer inputs")
             captured.append(states.detach())
         return hook
 
@@ -93,16 +107,24 @@ class Former:
 
     def __init__(self, model, tokenizer, formation: Formation = "shared_sink", keep_kv: bool = True,
                  keep_states: bool = False, reuse: dict | None = None, keep_self_info: bool = False,
-                 memory_on: Residence = "model", header: list[int] = ()):
-        """header: the prompt header's ids (see `shared_prefix`; other formations form behind the sink alone)."""
+                 memory_on: Residence = "model", header: list[int] = (), batch: FormationBatch = "solo",
+                 batch_tokens: int = BATCH_TOKENS):
+        """header: the prompt header's ids (see `shared_prefix`; other formations form behind the sink alone);
+        batch: whether texts announced by `expect` are formed several per forward, within `batch_tokens`."""
         one_of("formation", formation, Formation)
         one_of("memory_on", memory_on, Residence)
+        one_of("formation_batch", batch, FormationBatch)
+        whole_number("batch_tokens", batch_tokens)
         self.memory_on = memory_on
         self.model, self.tokenizer, self.formation = model, tokenizer, formation
         self.keep_kv, self.keep_states, self.keep_self_info = keep_kv, keep_states, keep_self_info
         self._next_id = 0
         self._reuse = {} if reuse is None else reuse
         self.header = list(header) if formation == "shared_prefix" else []
+        self.batch = batch == "batched" and (keep_kv or keep_states or keep_self_info)    # else no forward runs
+        self.batch_tokens = batch_tokens
+        self._expected: list[tuple[tuple, torch.Tensor]] = []   # (key, ids) announced by `expect`, in order
+        self._formed: dict[tuple, Fragment] = {}                # key -> formed ahead of its store by a batch
 
     def __repr__(self) -> str:
         return (f"Former({self.formation}, kv={self.keep_kv}, states={self.keep_states}, "
@@ -123,6 +145,19 @@ class Former:
     def sink_ids(self) -> list[int]:
         """What every fragment is formed behind (see sink_ids)."""
         return sink_ids(self.tokenizer, self.header)
+
+    def key(self, ids: torch.Tensor) -> tuple:
+        """What a formed fragment is known by (in `reuse` and among those formed ahead): formation is
+        deterministic, so the same ids under the same settings give the same fragment."""
+        return repr(self), tuple(ids.tolist())
+
+    def expect(self, texts, first: bool) -> None:
+        """Announce the texts about to be stored, in this order (the first of them as the memory's first where
+        `first`): under batch, forming one of them forms those announced after it in the same forward (see
+        `_ahead`); each waits for its own store, which appends it as before. Nothing changes otherwise."""
+        if self.batch:
+            self._expected += [(self.key(ids), ids)
+                               for ids in (self.token_ids(text, first and i == 0) for i, text in enumerate(texts))]
 
     def store(self, memory: LatentMemory, text: str, reuse: bool = False) -> Fragment:
         """Form `text` and append it to `memory` (unbounded; see methods.forgetting for a capacity)."""
@@ -151,42 +186,94 @@ class Former:
 
     @torch.no_grad()
     def form(self, ids: torch.Tensor, text: str, reuse: bool = False) -> Fragment:
-        """One forward pass over `ids` [T]: keys/values, layer inputs, self-information."""
+        """One forward pass over `ids` [T]: keys/values, layer inputs, self-information (or its fragment as
+        formed already: by an earlier store where `reuse`, or ahead of this store by a batch)."""
         fid, self._next_id = self._next_id, self._next_id + 1
-        key = (repr(self), tuple(ids.tolist()))
+        key = self.key(ids)
         if key in self._reuse:
             return replace(self._reuse[key], fid=fid, text=text)
-        fragment = self._prefill(ids, text, fid)
+        formed = self._formed.pop(key, None)
+        fragment = self._prefill(ids, text, fid) if formed is None else replace(formed, fid=fid, text=text)
         if reuse:
             self._reuse[key] = fragment
         return fragment
 
     def _prefill(self, ids: torch.Tensor, text: str, fid: int) -> Fragment:
+        """ids [T] formed in one forward, beside the announced fragments that follow it (under batch)."""
+        ahead = self._ahead(self.key(ids), len(ids)) if self._expected else []
+        fragment, *others = self._forward([ids, *(later for _, later in ahead)])
+        self._formed.update(zip((key for key, _ in ahead), others))
+        return replace(fragment, fid=fid, text=text)
+
+    def _ahead(self, key: tuple, width: int) -> list[tuple[tuple, torch.Tensor]]:
+        """The announced fragments formed in the same forward as `key` (of `width` ids): those announced after
+        it, in order, each once and not served already (reused, or formed ahead), while the batch's padded
+        positions (rows x its longest row) stay within batch_tokens; none where `key` was not announced. The
+        ones passed over are forgotten: served already, or formed alone at their store."""
+        at = next((i for i, (announced, _) in enumerate(self._expected) if announced == key), None)
+        if at is None:
+            return []
+        later, taken, seen = self._expected[at + 1:], [], {key}
+        stop = len(later)
+        for i, (announced, ids) in enumerate(later):
+            if announced in seen or announced in self._reuse or announced in self._formed:
+                continue
+            if (len(taken) + 2) * max(width, len(ids)) > self.batch_tokens:
+                stop = i
+                break
+            taken.append((announced, ids))
+            seen.add(announced)
+            width = max(width, len(ids))
+        self._expected = later[stop:]
+        return taken
+
+    def _forward(self, rows: list[torch.Tensor]) -> list[Fragment]:
+        """Fragments of the ids rows [T_i] from one forward (no id or text yet: their store gives them).
+
+        Several rows are right-padded behind an attention mask: a row attends to its own tokens only, causally,
+        at positions 0..T_i-1 (its padding comes after it), and formation's cache keeps every position of every
+        layer (sliding-window ones too: a DynamicCache built without the config), so its states are those of its
+        forward alone, on every family, to the kernels' rounding (tests/test_formation_batch.py, every tiny family
+        and formation). No family falls back to one row: a decoder whose layers take several vectors per token
+        (Gemma-3n's AltUp) is refused by capture_layer_inputs batched or not."""
+        unknown = [torch.full((len(ids),), float("inf"), device="cpu") for ids in rows]
         if not (self.keep_kv or self.keep_states or self.keep_self_info):
-            return Fragment(fid, text, ids, torch.full((len(ids),), float("inf"), device="cpu"))
+            return [Fragment(-1, "", ids, inf) for ids, inf in zip(rows, unknown)]
         device = self.model.device
+        if len(rows) == 1:
+            given = {"input_ids": rows[0].view(1, -1)}
+        else:
+            lengths = torch.tensor([len(ids) for ids in rows])
+            mask = torch.arange(int(lengths.max())).view(1, -1) < lengths.view(-1, 1)       # [rows, width]
+            padded = torch.zeros(mask.shape, dtype=torch.long)
+            padded[mask] = torch.cat(rows)
+            given = {"input_ids": padded, "attention_mask": mask.long()}
+        given = {name: t.to(device, non_blocking=True) for name, t in given.items()}
         cache = DynamicCache()
         watch = watching_rotary(self.model) if self.keep_kv else nullcontext()
         # the vocabulary head runs only where self-information is read; otherwise the decoder alone runs, every
         # position through every layer (a model asked for its last logits may skip positions in late layers:
         # Gemma-4's layers that reuse another layer's keys)
         run = self.model if self.keep_self_info else self.model.get_decoder()
-        with capture_layer_inputs(self.model) as inputs, watch as rotated:
-            out = run(input_ids=ids.view(1, -1).to(device, non_blocking=True), **{cache_keyword(run): cache},
-                      use_cache=True)
-        self_info = torch.full((len(ids),), float("inf"), device="cpu")
-        if self.keep_self_info:
-            nll = next_token_nll(out.logits[0], ids)
-            self_info = torch.cat([torch.tensor([float("inf")], device=device), nll]).cpu()
-        fragment = Fragment(fid, text, ids, self_info)
+        with capture_layer_inputs(self.model, len(rows)) as inputs, watch as rotated:
+            out = run(**given, **{cache_keyword(run): cache}, use_cache=True)
         if self.keep_kv:
             rotary = Rotary.of(self.model)
-            keys, values = rotary.unrotated(rotated, cache)
-            fragment.keys = self.kept(keys, rotary.stacked)          # [L, kv, T, d]
-            fragment.values = self.kept(values, rotary.stacked)      # [L, kv, T, d_v]
-        if self.keep_states:
-            fragment.states = self.kept(inputs, torch.cat)          # [L, T, hidden]
-        return fragment
+            keys, values = rotary.unrotated(rotated, cache)            # each [rows, heads, width, d]
+        fragments = []
+        for row, (ids, self_info) in enumerate(zip(rows, unknown)):
+            n = len(ids)
+            if self.keep_self_info:
+                nll = next_token_nll(out.logits[row, :n], ids)
+                self_info = torch.cat([torch.tensor([float("inf")], device=device), nll]).cpu()
+            fragment = Fragment(-1, "", ids, self_info)
+            if self.keep_kv:
+                fragment.keys = self.kept([k[row, :, :n] for k in keys], rotary.stacked)        # [L, kv, T, d]
+                fragment.values = self.kept([v[row, :, :n] for v in values], rotary.stacked)    # [L, kv, T, d_v]
+            if self.keep_states:
+                fragment.states = self.kept([s[row, :n] for s in inputs], torch.stack)          # [L, T, hidden]
+            fragments.append(fragment)
+        return fragments
 
     def kept(self, per_layer: list[torch.Tensor], stack) -> torch.Tensor | Layered:
         """Formed layer tensors stacked where the memory lives (see Residence): on the host, each layer copied

@@ -13,7 +13,7 @@ from methods.attention.decoder import num_layers
 from methods.base import Method, Question, taken
 from methods.compression.compressor import Compression, NoCompression
 from methods.forgetting import Forgetting, NoForgetting
-from methods.formation import Former, formation_header
+from methods.formation import Former, default_formation_batch, formation_header
 from methods.errors import one_of
 from methods.generation import Decode, clock, default_decode, greedy, stop_ids
 from methods.memory import LatentMemory
@@ -47,9 +47,12 @@ class Session:
     def __init__(self, model, tokenizer, backend, method: Method, formation: str, prompt: str,
                  max_new_tokens: int = 32, reuse: dict | None = None,
                  forgetting: Forgetting | NoForgetting | None = None, compressor: Compression | None = None,
-                 memory_on: str = "model", window: Window | None = None, decode: str | None = None):
+                 memory_on: str = "model", window: Window | None = None, decode: str | None = None,
+                 formation_batch: str | None = None):
         """window: what counts the positions of every read against the model's (none: nothing counts); decode:
-        how an answer's steps run (methods/generation.py: eager, captured; None: the device's default)."""
+        how an answer's steps run (methods/generation.py: eager, captured; None: the device's default);
+        formation_batch: how many fragments a forward forms (methods/formation.py: solo, batched; None: the
+        device's default)."""
         self.model, self.tokenizer, self.backend, self.method = model, tokenizer, backend, method
         method.with_tokenizer(tokenizer)
         self.window = window or Window(None)
@@ -68,11 +71,18 @@ class Session:
             self.former = Former(model, tokenizer, formation, keep_kv=latent and backend.keep_kv,
                                  keep_states=latent and backend.keep_states, reuse=reuse,
                                  keep_self_info=self.forgetting.needs_self_info, memory_on=memory_on,
-                                 header=header)
+                                 header=header, batch=formation_batch or default_formation_batch(model.device))
             self.memory = LatentMemory()
         self.update_seconds: dict[str, float] = {}     # the last store's formation and forgetting
         self.text = TextPrefix(model)                   # plain-token memory (text, none)
         self.stop = stop_ids(model, tokenizer)          # ids that end an answer (empty: always the full budget)
+
+    def expect(self, texts) -> None:
+        """Announce the texts about to be stored, in order (see Former.expect: under formation_batch=batched they
+        are formed several per forward). Not under a compressor, whose kept ids are known only at each store,
+        nor where the method's model keeps its own memory."""
+        if not self.method.keeps_own_memory and isinstance(self.compressor, NoCompression):
+            self.former.expect(texts, first=self.memory.sink is None)
 
     def store(self, text: str, reuse: bool = False) -> int:
         """Form one fragment and admit it, forgetting to stay within capacity; returns its id.

@@ -2,9 +2,10 @@
 What no CPU test reaches: every shipped experiment's tiny form on CUDA in float32, compared with the CPU regression
 cache; the same in bfloat16, to completion; the self-check in the low precisions on the device; `memdefrag-bench
 --device cuda` on a tiny shape with both backends; no host sync inside the fast path's decode steps; the formed
-fragments kept between jobs held on the host. The float32 comparison allows 1e-4 on recorded numbers
-(densities, scores: CUDA's kernels sum in another order than the CPU's) and no changed answer: a flipped greedy
-token is a finding to explain (a near tie of two logits), not noise to loosen.
+fragments kept between jobs held on the host; each fragment of a batched formation its solo forward's. The float32
+comparison allows 1e-4 on recorded numbers (densities, scores: CUDA's kernels sum in another order than the CPU's)
+and no changed answer: a flipped greedy token is a finding to explain (a near tie of two logits), not noise to
+loosen.
 
 Self-contained on an offline node (docs/gpu.md): the data from MEMDEFRAG_DATA (the tasks' and the bench's default),
 the random shapes' tokenizer from GPU_TOKENIZER (which .gpu/enter.sh sets) where the embedded SmolLM2 is not
@@ -167,3 +168,14 @@ def test_the_fragments_kept_between_jobs_are_held_on_the_host_and_served_on_the_
     assert all(t.device.type == "cpu" for key in formed for t in tensors(formed._held[key][0]))
     again = Former(model, tokenizer, keep_states=True, reuse=formed).store(LatentMemory(), FRAGMENTS[0], reuse=True)
     assert again.keys.is_cuda and torch.equal(again.keys, stored[0].keys)
+
+
+def test_each_fragment_of_a_batch_on_cuda_is_its_solo_prefill(tokenizer):
+    """formation_batch=batched, CUDA's default: every fragment of one padded forward as its forward alone, in float32
+    to the kernels' rounding (a padded batch may run other kernels than one sequence)."""
+    from tests.conftest import tiny_model
+    from tests.test_formation_batch import assert_same, stored
+
+    model = tiny_model("llama").cuda()
+    assert_same(stored(model, tokenizer, "shared_sink", "solo"), stored(model, tokenizer, "shared_sink", "batched"),
+                atol=FLOAT32_ON_CUDA.numbers)

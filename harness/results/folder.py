@@ -137,7 +137,8 @@ def digest(lines: list[str]) -> str:
 class ResultFolder:
     # settings that do not change a run's answers: a resumed run may change them
     FREE = ("threads", "logger", "resume", "allow_beyond_window",   # change no answer (allow_beyond_window: whether
-            "reuse_formed")                                         # one runs; reuse_formed: what formation costs)
+            "reuse_formed", "formation_batch")                      # one runs; reuse_formed, formation_batch: what
+                                                                    # formation costs)
 
     def __init__(self, folder: str | Path, cfg, resume: bool = True):
         self.folder = Path(folder)

@@ -29,7 +29,7 @@ from methods.compression.compressor import kept_count
 from methods.forgetting import CapacityError
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
-from methods.formation import formation_header, sink_ids
+from methods.formation import default_formation_batch, formation_header, sink_ids
 from methods.generation import default_decode
 from methods.prompting import format_prompt
 from methods.session import Session
@@ -210,7 +210,9 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
                       initial=len(folder.done), total=len(groups)):
         session = Session(model, tokenizer, backend, method.for_group(group.index), cfg.formation, cfg.prompt,
                           cfg.max_new_tokens, reuse=formed, forgetting=forgetting.for_group(group.index),
-                          compressor=compressor, memory_on=cfg.memory_on, window=window, decode=cfg.decode)
+                          compressor=compressor, memory_on=cfg.memory_on, window=window, decode=cfg.decode,
+                          formation_batch=cfg.formation_batch)
+        session.expect(group.texts())
         start, answered = time.perf_counter(), []
         try:
             with window.watching(model):
@@ -231,6 +233,7 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
     info = {"method": label, "forgetting": cfg.forgetting.label, "capacity": forgetting.capacity,
             "model": spec.name, "dtype": spec.dtype, "device": str(model.device), "self_check": verdict,
             "backend": cfg.backend, "decode": cfg.decode or default_decode(model.device),
+            "formation_batch": cfg.formation_batch or default_formation_batch(model.device),
             "reuse_formed": cfg.reuse_formed, "compression": compression_summary(compressor, compressed),
             "task": task.describe(),
             "formation": cfg.formation, "prompt": cfg.prompt, "groups": len(groups), "threads": torch.get_num_threads(),
