@@ -243,9 +243,9 @@ class Former:
         if len(rows) == 1:
             given = {"input_ids": rows[0].view(1, -1)}
         else:
-            lengths = torch.tensor([len(ids) for ids in rows])
-            mask = torch.arange(int(lengths.max())).view(1, -1) < lengths.view(-1, 1)       # [rows, width]
-            padded = torch.zeros(mask.shape, dtype=torch.long)
+            lengths = torch.tensor([len(ids) for ids in rows], device="cpu")
+            mask = torch.arange(int(lengths.max()), device="cpu").view(1, -1) < lengths.view(-1, 1)  # [rows, width]
+            padded = torch.zeros(mask.shape, dtype=torch.long, device="cpu")
             padded[mask] = torch.cat(rows)
             given = {"input_ids": padded, "attention_mask": mask.long()}
         given = {name: t.to(device, non_blocking=True) for name, t in given.items()}

@@ -61,11 +61,13 @@ def memdefrag(cwd: Path, *args: str, timeout: int = 600) -> subprocess.Completed
                           timeout=timeout)
 
 
-def sweep_args(checkpoint: str, folder: Path, *overrides: str, groups: int = 2, tokens: int = 4) -> list[str]:
-    """A tiny multirun on CPU into `folder` (then `overrides`: a method list, a launcher); `tokens`: each answer's
-    budget (the work a group takes, where the synthetic set's groups are too few to fill a time)."""
+def sweep_args(checkpoint: str, folder: Path, *overrides: str, groups: int = 2, tokens: int = 4,
+               updates: int = 3) -> list[str]:
+    """A tiny multirun on CPU into `folder` (then `overrides`: a method list, a launcher); `tokens` (each answer's
+    budget) and `updates` (answers a group): the work a group takes, where the synthetic set's groups are too few
+    to fill a time."""
     tiny = [o for o in tiny_overrides(checkpoint, small_task=False) if not o.startswith("max_new_tokens=")]
-    return ["-m", *tiny, f"max_new_tokens={tokens}", f"task.groups={groups}", "task.updates=3",
+    return ["-m", *tiny, f"max_new_tokens={tokens}", f"task.groups={groups}", f"task.updates={updates}",
             "model.device=cpu", "threads=1", f"hydra.sweep.dir={folder}", *overrides]
 
 
@@ -236,11 +238,12 @@ def test_a_sweep_under_the_shortest_time_limit_ends_by_itself_through_requeues(t
 
 @on_slurm
 def test_a_group_longer_than_a_try_fails_at_the_first_time_limit_in_one_line(tmp_path, tiny_checkpoint):
-    """A group that cannot finish inside the 1-minute limit (answers of 6000 tokens, over a minute a group):
-    the first try's signal fails the job with one line naming the setting to raise, not a requeue loop."""
+    """A group that cannot finish inside the 1-minute limit (10 answers of 6000 tokens: 41 s for 3 of them alone
+    on an idle 2-core Xeon, so over two minutes a group): the first try's signal fails the job with one line naming
+    the setting to raise, not a requeue loop."""
     sweep = tmp_path / "slurm"
     done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, *SHORTEST,
-                                           tokens=6000), timeout=300)
+                                           tokens=6000, updates=10), timeout=300)
     assert done.returncode == 2, done.stdout + done.stderr
     job = re.search(r"submitted 1 runs as slurm job (\d+)", done.stdout)[1]
     assert done.stderr.splitlines() == [
