@@ -11,6 +11,7 @@ loads take seconds and another file of the same name never reuses the old copy.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import importlib
@@ -179,10 +180,12 @@ def converted_folder(gguf: Path) -> Path:
 
 
 def _convert_gguf(gguf: Path, folder: Path) -> None:
-    """De-quantize a GGUF file into a normal checkpoint folder (a cache entry: see harness.models.cache)."""
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
-                                                 trust_remote_code=False)      # a GGUF file holds no code
+    """De-quantize a GGUF file into a normal checkpoint folder (a cache entry: see harness.models.cache). The config
+    and tokenizer are the ones check_source read: parsing a GGUF's metadata (its whole vocabulary) takes seconds,
+    and a first load parsed it five times where three do (config, tokenizer, weights)."""
+    config, tokenizer = _config_and_tokenizer(str(gguf.parent), gguf.name, False)   # a GGUF file holds no code
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=copy.deepcopy(config),
+                                                 dtype=torch.float32, trust_remote_code=False)
     model.hf_quantizer = None                       # weights are dense after loading
     model.config.quantization_config = None
     if hasattr(model.config, "quantization_config"):
