@@ -85,6 +85,21 @@ def test_runs_of_several_seeds_are_one_row_paired_question_by_question(tmp_path)
     assert "43.3 % against 30.0 %, +13.3 points (McNemar's exact p 0.0078, 60 questions)" in readme
 
 
+def test_a_retention_table_renders_its_claims_per_model(tmp_path):
+    """tab:retention_<model> (runs of a model other than the default) states its claims under it: Top-1 against
+    vanilla on the questions both answered at step 20 of 30 groups."""
+    qwen = {"name": "qwen25_coder_05b"}
+    for method, right in (("vanilla", 2), ("memdefrag_top1", 12)):
+        records = [{"group": g, "step": s, "correct": s == 1 or g < right} for g in range(30) for s in (1, 20)]
+        fake_run(tmp_path / "q" / method, "Retention", method, records, model=qwen)
+    (tmp_path / "claims.yaml").write_text(
+        "- {table: retention, model: qwen25_coder_05b, dataset: nqa, row: memdefrag_top1, against: vanilla,\n"
+        "   step: 20, says: higher, subject: MemDefrag Top-1 against vanilla}\n")
+    table = write(tmp_path).read_text().split("(`tab:retention_qwen25_coder_05b`)")[1].split("\n## ")[0]
+    assert ("- MemDefrag Top-1 against vanilla (qwen25_coder_05b, nqa, n = 20): 40.0 % against 6.7 %, +33.3 points "
+            "(McNemar's exact p 0.002, 30 questions): higher.") in table
+
+
 def claim_lines(page: Path) -> list[str]:
     """The lines of `page` that state a claim as the report renders one: a list item ending in its verdict."""
     return [line for line in page.read_text().splitlines()

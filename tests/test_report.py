@@ -73,6 +73,7 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
            "one per group" in readme
     runtime = readme.split("(`tab:runtime`)")[0].split("## ")[-1] + readme.split("(`tab:runtime`)")[1].split("\n## ")[0]
     assert "Time per group (s); model llama31_8b; device cuda:0; dtype bfloat16; threads 1" in runtime
+    assert "; formation_batch solo; " in runtime              # a run made before the setting formed alone
     assert re.search(r"\| dataset +\| +vanilla\+informativeness \| +memdefrag_top1\+informativeness \|", runtime)
     assert re.search(r"\| nqa \(llama31_8b, cuda:0\) +\| +64.2 \| +75.07 \|", runtime)      # a device's runs on rows of
     assert re.search(r"\| squad \(llama31_8b, cuda:0\) +\| +60 +\| +70 +\|", runtime)       # their own

@@ -30,7 +30,7 @@ from harness.report.sections import (BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, 
                                labelled, named, past_window, rows_and_caption, run_columns, runs_under, step_records,
                                step_table, with_bounds)
 from harness.models.tracer_layers import recorded, swept, tracers_file
-from harness.results.summary import accuracy_table
+from harness.results.summary import accuracy_table, complete_groups
 from methods.window import BEYOND_CELL, BEYOND_MARK
 
 
@@ -46,8 +46,10 @@ def retention_section(root, runs, label, title, bounded, figures, model: str | N
     figure = figures / f"{label.split(':')[1]}.png"
     accuracy_curves(accuracy_table(records), figure)
     command = "" if model in (None, DEFAULT_MODEL) else f"memdefrag experiment=accuracy model={model}"
-    return Section(label, title, step_table(records), figure=str(figure.relative_to(root)), after=INTERVALS,
-                   command=command)
+    claims = "" if bounded else supported(root / "claims.yaml", "retention", keyed("retention", (
+        (row, frame) for row, frame in complete_groups(records).groupby(["model", "dataset", "run"]))))
+    return Section(label, title, step_table(records), figure=str(figure.relative_to(root)),
+                   after=INTERVALS + claims, command=command)
 
 
 def compression_section(root, runs, figures) -> tuple[Section, Section]:
@@ -205,9 +207,13 @@ def study_table(runs, study: str, value) -> tuple[pd.DataFrame, str] | None:
     table = frame.pivot_table(index="dataset", columns="method", values="value", aggfunc="max")
     table = table[list(dict.fromkeys(labels))]
     table.columns.name = None
-    setting = {key: sorted({str(r.info.get(key)) for r in chosen})
-               for key in ("model", "device", "dtype", "threads", "groups", "decode", "reuse_formed")}
+    setting = {key: sorted({str(r.info.get(key, BEFORE_THE_SETTING.get(key))) for r in chosen})
+               for key in ("model", "device", "dtype", "threads", "groups", "decode", "formation_batch",
+                           "reuse_formed")}
     return table, "; ".join(f"{key} {'/'.join(values)}" for key, values in setting.items())
+
+
+BEFORE_THE_SETTING = {"formation_batch": "solo"}     # what a run made before a caption's setting existed did
 
 
 def runtime_section(runs) -> tuple[Section, Section]:
@@ -225,9 +231,11 @@ def runtime_section(runs) -> tuple[Section, Section]:
     if seconds is not None:
         runtime.after = ("reuse_formed False (the caption): every group formed, and was charged, every fragment it "
                          "read, whatever ran before it in the process; True: fragments formed earlier in the process "
-                         "were served again, their formation left out. The paper's (Llama-3.1-8B-Instruct, a GPU): "
-                         "NaturalQA vanilla 59.30, MemoryLLM 64.19, M+ 87.24, Top-1 75.07, Top-2 76.49, Top-all "
-                         "103.67; SQuAD vanilla 60.11, Top-1 79.23, Top-2 81.01, Top-all 107.95.")
+                         "were served again, their formation left out. formation_batch solo: each fragment formed "
+                         "in a forward of its own; batched: a group's fragments formed together, padded "
+                         "(docs/gpu.md). The paper's (Llama-3.1-8B-Instruct, a GPU): NaturalQA vanilla 59.30, "
+                         "MemoryLLM 64.19, M+ 87.24, Top-1 75.07, Top-2 76.49, Top-all 103.67; SQuAD vanilla 60.11, "
+                         "Top-1 79.23, Top-2 81.01, Top-all 107.95.")
     if peaks is not None:
         memory.after = ("The paper's (Llama-3.1-8B-Instruct, NaturalQA, step 50, N_max 12,800): weights and memory "
                         "18.11, vanilla 23.03, Top-2 19.73. "

@@ -157,12 +157,14 @@ def refuse_one_sided(table: str, runs: list[Run], configs: list[dict]) -> None:
 
 
 def step_records(runs: list[Run], table: str) -> pd.DataFrame:
-    """Every answer of the runs that answer questions per step, with its dataset and its run's column (run_columns());
+    """Every answer of the runs that answer questions per step, with its dataset, its run's column (run_columns()),
+    model and seed (a question of a claim is its seed, group and step: harness.report.claims);
     each record's own `beyond_window` says whether the cell that counts it is marked (step_table)."""
     found = [(run, records) for run in runs if (records := read_jsonl(run.folder / "predictions.jsonl"))
              and {"correct", "step"} <= records[0].keys()]
     labels = run_columns([run for run, _ in found], table)
-    return pd.DataFrame([{**record, "dataset": run.config["task"]["dataset"], "run": label}
+    return pd.DataFrame([{**record, "dataset": run.config["task"]["dataset"], "run": label, "model": run.model,
+                          "seed": run.config["task"].get("seed")}
                          for (run, records), label in zip(found, labels) for record in records])
 
 
