@@ -86,12 +86,14 @@ def test_runs_of_several_seeds_are_one_row_paired_question_by_question(tmp_path)
 
 
 def test_a_retention_table_renders_its_claims_per_model(tmp_path):
-    """tab:retention_<model> (runs of a model other than the default) states its claims under it: Top-1 against
-    vanilla on the questions both answered at step 20 of 30 groups."""
+    """tab:retention_<model> (runs of a model other than the default) states its claims under it, and tab:retention
+    (the default model's, beside it) none of them: Top-1 against vanilla on the questions both answered at step 20
+    of 30 groups."""
     qwen = {"name": "qwen25_coder_05b"}
     for method, right in (("vanilla", 2), ("memdefrag_top1", 12)):
         records = [{"group": g, "step": s, "correct": s == 1 or g < right} for g in range(30) for s in (1, 20)]
         fake_run(tmp_path / "q" / method, "Retention", method, records, model=qwen)
+        fake_run(tmp_path / "s" / method, "Retention", method, records)
     (tmp_path / "claims.yaml").write_text(
         "- {table: retention, model: qwen25_coder_05b, dataset: nqa, row: memdefrag_top1, against: vanilla,\n"
         "   step: 20, says: higher, subject: MemDefrag Top-1 against vanilla}\n")

@@ -288,10 +288,12 @@ def rendered(claims: list[Claim], records: dict[tuple, pd.DataFrame], table: str
     return out
 
 
-def supported(path: Path, table: str, records: dict[tuple, pd.DataFrame]) -> str:
+def supported(path: Path, table: str, records: dict[tuple, pd.DataFrame], model: str | None = None) -> str:
     """The claims of `path` on `table` (its rows' records keyed as Claim.key names them), each with its numbers,
-    as a list under 'What the table supports' ('' where none is made)."""
-    sentences = rendered(read_claims(path), records, table)
+    as a list under 'What the table supports' ('' where none is made); model: only the claims on that model's rows
+    (a table the report draws once per model)."""
+    claims = [c for c in read_claims(path) if model in (None, c.model)]
+    sentences = rendered(claims, records, table)
     if not sentences:
         return ""
     return (f"\n\nWhat the table supports (`claims.yaml`; a difference only where {TABLES[table].rule}):\n\n"

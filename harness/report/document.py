@@ -47,7 +47,7 @@ def retention_section(root, runs, label, title, bounded, figures, model: str | N
     accuracy_curves(accuracy_table(records), figure)
     command = "" if model in (None, DEFAULT_MODEL) else f"memdefrag experiment=accuracy model={model}"
     claims = "" if bounded else supported(root / "claims.yaml", "retention", keyed("retention", (
-        (row, frame) for row, frame in complete_groups(records).groupby(["model", "dataset", "run"]))))
+        (row, frame) for row, frame in complete_groups(records).groupby(["model", "dataset", "run"]))), model)
     return Section(label, title, step_table(records), figure=str(figure.relative_to(root)),
                    after=INTERVALS + claims, command=command)
 
