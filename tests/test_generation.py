@@ -85,6 +85,9 @@ def test_decode_defaults_to_the_device_and_refuses_an_unknown_one(llama, tokeniz
         Session(llama, tokenizer, KVPrefixBackend(llama), Vanilla(), "shared_sink", "plain", decode="graph")
 
 
+UPDATES, CAPACITY = 10, 1000     # the embedded models' runs below: updates and memory tokens at most
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["smollm2", "gemma3_270m"])
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
@@ -92,7 +95,9 @@ def test_captured_answers_are_the_eager_ones_on_the_embedded_models(tmp_path, mo
     """Every regression-cache experiment's first point on the embedded model, one group, 16-token answers: each
     question's answer is decoded both ways from the same read (the captured step on a copy of its prefilled
     cache), token for token the same, so every record field scored from it is too. One run, not one per decode:
-    the memory is formed and each read prefilled once."""
+    the memory is formed and each read prefilled once. As the regression cache's tiny form, contexts are cut to
+    200 tokens; a run of updates stops at the 10th (the steps it asks at up to there, else the 10th) and holds at
+    most 1,000 tokens, so that forgetting still cuts from about the 5th update on a 200-token set."""
     if experiment in ("memoryllm_comparison", "mplus_comparison"):
         pytest.skip("MemoryLLM and M+ decode with their own model's generate, not methods/generation.py")
     if experiment in ("probe", "top_tracing_layer_summary"):
@@ -112,6 +117,11 @@ def test_captured_answers_are_the_eager_ones_on_the_embedded_models(tmp_path, mo
                                            "task.groups=1", "max_new_tokens=16", "threads=1"])
     if "max_context_tokens" in cfg.task:
         cfg.task.max_context_tokens = 200
+    if cfg.task.get("updates", 0) > UPDATES:
+        cfg.task.updates = UPDATES
+        if cfg.task.get("eval_steps"):
+            cfg.task.eval_steps = [s for s in cfg.task.eval_steps if s <= UPDATES] or [UPDATES]
+        cfg.model.memory_capacity = min(cfg.model.memory_capacity, CAPACITY)
     run(cfg, str(tmp_path))
     assert decoded["eager"] and decoded["captured"] == decoded["eager"]
 
