@@ -136,8 +136,7 @@ def test_a_sweep_through_slurm_answers_as_the_same_sweep_without_a_launcher(tmp_
     assert array and array[2] == str(tmp_path / "slurm" / ".submitit"), done.stdout
     status = re.findall(rf"\] job {array[1]}: (.*); logs in ", done.stdout)
     assert status[-1] == "2 of 2 done" and len(status) == len(set(status)), done.stdout   # one per change
-    names = subprocess.run(["sacct", "-n", "-X", "-j", array[1], "-o", "JobName%60,State"], capture_output=True,
-                           text=True).stdout.split()
+    names = until(lambda: ended(array[1], "JobName%60,State"), 60, f"job {array[1]} recorded as ended")
     assert names == ["memdefrag:0_none_unbounded_synthetic", "COMPLETED",
                      "memdefrag:1_memdefrag_top2_unbounded_synthetic", "COMPLETED"]
     assert (tmp_path / "slurm" / "summary.md").is_file() and "warn" not in done.stderr.lower()
@@ -252,8 +251,15 @@ def test_a_group_longer_than_a_try_fails_at_the_first_time_limit_in_one_line(tmp
         f"model); every try would end so: raise hydra.launcher.timeout_min; log: "
         f"{sweep / '.submitit' / job / f'{job}_0_log.err'}",
         f"memdefrag: 1 of 1 runs failed (0 finished, in {sweep}); rerun the same command to resume"], done.stderr
-    states = subprocess.run(["sacct", "-n", "-X", "-j", job, "-o", "State"], capture_output=True, text=True)
-    assert states.stdout.split() == ["FAILED"]
+    assert until(lambda: ended(job), 60, f"job {job} recorded as ended") == ["FAILED"]
+
+
+def ended(job: str, fields: str = "State") -> list[str] | None:
+    """`fields` of the job's tasks in SLURM's accounting once every task has ended (None while one runs: the
+    submitting command reads a task's outcome from its result, maybe before the task's own process has exited)."""
+    words = subprocess.run(["sacct", "-n", "-X", "-j", job, "-o", fields], capture_output=True,
+                           text=True).stdout.split()
+    return None if {"PENDING", "RUNNING", "COMPLETING"} & set(words) else words
 
 
 @on_slurm
@@ -300,9 +306,8 @@ def test_a_job_failing_inside_ends_the_command_with_its_line_after_the_others(tm
     assert log.is_file() and (sweep / "0_none_unbounded_synthetic" / "run.json").is_file()
     assert "none" in (sweep / "summary.md").read_text() and "memdefrag_top2" not in (sweep / "summary.md").read_text()
     if launcher == "slurm":
-        states = subprocess.run(["sacct", "-n", "-X", "-j", job.split("_")[0], "-o", "State"], capture_output=True,
-                                text=True)
-        assert states.stdout.split() == ["COMPLETED", "FAILED"]
+        array = job.split("_")[0]
+        assert until(lambda: ended(array), 60, f"job {array} recorded as ended") == ["COMPLETED", "FAILED"]
 
 
 @on_slurm
