@@ -102,6 +102,15 @@ def test_a_retention_table_renders_its_claims_per_model(tmp_path):
             "(McNemar's exact p 0.002, 30 questions): higher.") in table
 
 
+def test_a_retention_claim_on_a_model_without_its_table_is_refused(tmp_path):
+    """Checked nowhere otherwise: each model's retention table renders only its own model's claims."""
+    fake_run(tmp_path / "s" / "vanilla", "Retention", "vanilla", [{"group": 0, "step": 20, "correct": True}])
+    refused = refusal(tmp_path, "- {table: retention, model: qwen25, dataset: nqa, row: memdefrag_top1, "
+                                "against: vanilla, step: 20, says: higher, subject: Top-1 against vanilla}\n")
+    assert refused == ("claim 'Top-1 against vanilla': no run makes a tab:retention table for model 'qwen25' "
+                       "(the models with one: ['smollm2'])")
+
+
 def claim_lines(page: Path) -> list[str]:
     """The lines of `page` that state a claim as the report renders one: a list item ending in its verdict."""
     return [line for line in page.read_text().splitlines()

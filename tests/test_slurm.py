@@ -254,12 +254,15 @@ def test_a_group_longer_than_a_try_fails_at_the_first_time_limit_in_one_line(tmp
     assert until(lambda: ended(job), 60, f"job {job} recorded as ended") == ["FAILED"]
 
 
+LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "STAGE_OUT"}
+
+
 def ended(job: str, fields: str = "State") -> list[str] | None:
     """`fields` of the job's tasks in SLURM's accounting once every task has ended (None while one runs: the
     submitting command reads a task's outcome from its result, maybe before the task's own process has exited)."""
     words = subprocess.run(["sacct", "-n", "-X", "-j", job, "-o", fields], capture_output=True,
                            text=True).stdout.split()
-    return None if {"PENDING", "RUNNING", "COMPLETING"} & set(words) else words
+    return None if LIVE & set(words) else words
 
 
 @on_slurm

@@ -183,8 +183,9 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     """De-quantize a GGUF file into a normal checkpoint folder (a cache entry: see harness.models.cache). The config
     and tokenizer are the ones check_source read: parsing a GGUF's metadata (its whole vocabulary) takes seconds,
     and a first load parsed it five times where three do (config, tokenizer, weights)."""
-    config, tokenizer = _config_and_tokenizer(str(gguf.parent), gguf.name, False)   # a GGUF file holds no code
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=copy.deepcopy(config),
+    checked = _config_and_tokenizer(str(gguf.parent), gguf.name, False)      # a GGUF file holds no code
+    config, tokenizer = map(copy.deepcopy, checked)            # copies: the cached pair is also the runner's
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=config,
                                                  dtype=torch.float32, trust_remote_code=False)
     model.hf_quantizer = None                       # weights are dense after loading
     model.config.quantization_config = None

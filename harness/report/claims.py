@@ -288,6 +288,15 @@ def rendered(claims: list[Claim], records: dict[tuple, pd.DataFrame], table: str
     return out
 
 
+def refuse_undrawn(path: Path, table: str, models: set[str]) -> None:
+    """One line for a claim on `table`, a table the report draws once per model, whose model has none: it would be
+    checked nowhere (`supported` with `model` renders each model's claims under its own table)."""
+    for claim in read_claims(path):
+        if claim.table == table and claim.model not in models:
+            raise ConfigError(f"claim {claim.subject!r}: no run makes a tab:{table} table for model {claim.model!r} "
+                              f"(the models with one: {sorted(models)})")
+
+
 def supported(path: Path, table: str, records: dict[tuple, pd.DataFrame], model: str | None = None) -> str:
     """The claims of `path` on `table` (its rows' records keyed as Claim.key names them), each with its numbers,
     as a list under 'What the table supports' ('' where none is made); model: only the claims on that model's rows

@@ -18,7 +18,7 @@ from evals.locomo_scoring import Category
 from evals.longbench import longbench_table
 from evals.probe import band, tracing_table
 from harness.report.analysis import write_analysis
-from harness.report.claims import FEWEST, keyed, paired_groups, supported
+from harness.report.claims import FEWEST, keyed, paired_groups, refuse_undrawn, supported
 from harness.report.comparisons import peers_section, rankers_section
 from evals.stats import wilson, with_interval
 from harness.errors import OneLineParser
@@ -506,6 +506,7 @@ def build(root: Path) -> list[Section]:
     figures = root / "figures"
     figures.mkdir(exist_ok=True)
     retained = {r.model for r in runs if "tab:retention" in r.tables and not r.bounded and not r.study}
+    refuse_undrawn(root / "claims.yaml", "retention", retained)
     sections = [
         retention_section(root, runs, "tab:retention", "Knowledge retention, accuracy (%) per update step "
                           "(unbounded memory)", False, figures, DEFAULT_MODEL),
