@@ -199,6 +199,9 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
         try:
             while True:
                 waiting = [job for job in jobs if not job.paths.result_pickle.exists()]
+                if ended and waiting and hasattr(waiting[0], "watcher"):
+                    waiting[0].watcher.update()     # the confirming look reads the queue afresh: submitit keeps a
+                                                    # reading for seconds, and a requeue passes through FAILED
                 states = self.states(waiting) if waiting else {}
                 counts = sorted(Counter(states.values()).items())
                 line = ", ".join([*(f"{n} {shown(state)}" for state, n in counts),
