@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -123,8 +124,7 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
     groups = shards.select(found, shard)
     check_groups(groups)
     rate = getattr(compressor, "rate", 1.0)
-    tokens = {text: kept_count(len(tokenizer(text, add_special_tokens=False)["input_ids"]), rate)
-              for group in groups for text in group.texts()}
+    tokens = {text: kept_count(token_count(tokenizer, text), rate) for group in groups for text in group.texts()}
     longest = max(tokens.values(), default=0)
     if forgetting.capacity is not None and longest > forgetting.capacity:
         raise ConfigError(f"forgetting.capacity={forgetting.capacity} is smaller than a fragment of this task "
@@ -140,6 +140,13 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
     except WindowError as err:
         raise ConfigError(str(err)) from None
     return spec, method, task, forgetting, compressor, groups
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def token_count(tokenizer, text: str) -> int:
+    """A fragment's tokens, counted once per tokenizer: the runs of a sweep (one process) share their tasks'
+    contexts, and each run's preflight would tokenize every one of them again."""
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def ready(spec, backend_name: str):
