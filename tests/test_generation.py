@@ -85,19 +85,20 @@ def test_decode_defaults_to_the_device_and_refuses_an_unknown_one(llama, tokeniz
         Session(llama, tokenizer, KVPrefixBackend(llama), Vanilla(), "shared_sink", "plain", decode="graph")
 
 
-UPDATES, CAPACITY = 10, 1000     # the embedded models' runs below: updates and memory tokens at most
+UPDATES, CAPACITY, ANSWER_TOKENS = 10, 1000, 8     # the embedded models' runs below: updates, memory, answer at most
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["smollm2", "gemma3_270m"])
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_captured_answers_are_the_eager_ones_on_the_embedded_models(tmp_path, monkeypatch, experiment, model):
-    """Every regression-cache experiment's first point on the embedded model, one group, 16-token answers: each
-    question's answer is decoded both ways from the same read (the captured step on a copy of its prefilled
-    cache), token for token the same, so every record field scored from it is too. One run, not one per decode:
-    the memory is formed and each read prefilled once. As the regression cache's tiny form, contexts are cut to
-    200 tokens; a run of updates stops at the 10th (the steps it asks at up to there, else the 10th) and holds at
-    most 1,000 tokens, so that forgetting still cuts from about the 5th update on a 200-token set."""
+    """Every regression-cache experiment's first point on the embedded model, one group, answers of at most
+    ANSWER_TOKENS (a task's own budget too: LoCoMo's 50, LongBench's per subset): each question's answer is decoded
+    both ways from the same read (the captured step on a copy of its prefilled cache), token for token the same,
+    so every record field scored from it is too. One run, not one per decode: the memory is formed and each read
+    prefilled once. As the regression cache's tiny form, contexts are cut to 200 tokens; a run of updates stops at
+    the 10th (the steps it asks at up to there, else the 10th) and holds at most 1,000 tokens, so that forgetting
+    still cuts from about the 5th update on a 200-token set."""
     if experiment in ("memoryllm_comparison", "mplus_comparison"):
         pytest.skip("MemoryLLM and M+ decode with their own model's generate, not methods/generation.py")
     if experiment in ("probe", "top_tracing_layer_summary"):
@@ -107,6 +108,7 @@ def test_captured_answers_are_the_eager_ones_on_the_embedded_models(tmp_path, mo
     decoded = {"captured": [], "eager": []}
 
     def both_ways(model, logits, cache, position, max_new_tokens, stop, check_every=None, decode="eager"):
+        max_new_tokens = min(max_new_tokens, ANSWER_TOKENS)
         for way, read in (("captured", copy.deepcopy(cache)), ("eager", cache)):
             decoded[way].append(greedy(model, logits, read, position, max_new_tokens, stop, check_every, way))
         return decoded["eager"][-1]
@@ -114,7 +116,7 @@ def test_captured_answers_are_the_eager_ones_on_the_embedded_models(tmp_path, mo
     monkeypatch.setattr(session_module, "greedy", both_ways)
     with initialize_config_module("conf", version_base="1.3"):
         cfg = compose("config", overrides=[f"experiment={experiment}", *point, f"model={model}", "logger=none",
-                                           "task.groups=1", "max_new_tokens=16", "threads=1"])
+                                           "task.groups=1", f"max_new_tokens={ANSWER_TOKENS}", "threads=1"])
     if "max_context_tokens" in cfg.task:
         cfg.task.max_context_tokens = 200
     if cfg.task.get("updates", 0) > UPDATES:
