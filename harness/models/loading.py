@@ -11,6 +11,7 @@ loads take seconds and another file of the same name never reuses the old copy.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import hashlib
@@ -185,14 +186,30 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     and a first load parsed it five times where three do (config, tokenizer, weights)."""
     checked = _config_and_tokenizer(str(gguf.parent), gguf.name, False)      # a GGUF file holds no code
     config, tokenizer = map(copy.deepcopy, checked)            # copies: the cached pair is also the runner's
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=config,
-                                                 dtype=torch.float32, trust_remote_code=False)
+    with _name_maps_built_once():
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=config,
+                                                     dtype=torch.float32, trust_remote_code=False)
     model.hf_quantizer = None                       # weights are dense after loading
     model.config.quantization_config = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+
+
+@contextlib.contextmanager
+def _name_maps_built_once():
+    """transformers finds each GGUF tensor's name in the model by walking every submodule, and builds gguf's name
+    map (every known name at every layer) afresh at each one: a third of a first load. The map depends only on
+    (architecture, layers), so while the weights load it is built once."""
+    import gguf
+
+    built = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(built)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = built
 
 
 def _where(spec: ModelSpec) -> tuple[str, str | None, Path | None]:
