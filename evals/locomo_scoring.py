@@ -14,16 +14,15 @@ two goes. The committed cases hold such text, scored by LoCoMo's own code.
 
 from __future__ import annotations
 
+import functools
 import string
 from collections import Counter
 from enum import IntEnum
 
 import regex
-from nltk.stem import PorterStemmer
 
 Category = IntEnum("Category", ["multi_hop", "temporal", "open_domain", "single_hop", "adversarial"])
 ABSTENTIONS = ("no information available", "not mentioned")    # what a category-5 answer must say
-_STEMMER = PorterStemmer()
 _PUNCTUATION = set(string.punctuation)
 
 
@@ -33,8 +32,16 @@ def normalized(text: str) -> str:
     return " ".join(regex.sub(r"\b(a|an|the|and)\b", " ", text).split())
 
 
+@functools.cache
+def _stemmer():
+    """nltk's Porter stemmer, imported at the first LoCoMo score, not with every command."""
+    from nltk.stem import PorterStemmer
+
+    return PorterStemmer()
+
+
 def stems(text: str) -> list[str]:
-    return [_STEMMER.stem(word) for word in normalized(text).split()]
+    return [_stemmer().stem(word) for word in normalized(text).split()]
 
 
 def token_f1(prediction: str, answer: str) -> float:

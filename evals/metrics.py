@@ -9,13 +9,12 @@ BERTScore: the `bert-score` package's F1, no baseline rescaling unless asked (th
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import string
 from collections import Counter
 from functools import cached_property
 from pathlib import Path
-
-import bert_score
 
 from methods.errors import ConfigError
 from methods.sources import MINILM, hub_reachable, minilm_folder, unavailable
@@ -87,8 +86,8 @@ class BertScore:
             if not 1 <= self.num_layers <= (layers or self.num_layers):
                 raise ConfigError(f"task.bertscore_layers={self.num_layers} must be >= 1 and <= {layers} (the layers "
                                   f"of {self.model}), or null for its default")
-        if self.rescale and not (Path(bert_score.__file__).parent / "rescale_baseline" / "en" /
-                                 f"{self.model}.tsv").is_file():
+        baselines = Path(importlib.util.find_spec("bert_score").origin).parent / "rescale_baseline" / "en"
+        if self.rescale and not (baselines / f"{self.model}.tsv").is_file():
             raise ConfigError(f"task.bertscore_rescale=true needs bert-score's English baseline for "
                               f"task.bertscore_model={self.model!r}, and it ships none: use a model it has a baseline "
                               f"for (e.g. roberta-large) or task.bertscore_rescale=false")

@@ -14,7 +14,6 @@ import math
 from itertools import count
 
 import numpy as np
-from scipy.stats import binomtest, norm
 
 CONFIDENCE = 0.95
 
@@ -23,6 +22,8 @@ def wilson(successes: int, n: int, confidence: float = CONFIDENCE) -> tuple[floa
     """Wilson's score interval (low, high) of a rate of `successes` in `n`; (nan, nan) for n = 0."""
     if n == 0:
         return math.nan, math.nan
+    from scipy.stats import norm        # here, not at the top: every command imports this module, few test
+
     z = norm.ppf(0.5 + confidence / 2)
     rate = successes / n
     centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
@@ -35,6 +36,8 @@ def mcnemar(only_first: int, only_second: int) -> float:
     discordant = only_first + only_second
     if discordant == 0:
         return 1.0
+    from scipy.stats import binomtest
+
     return float(binomtest(only_first, discordant, 0.5).pvalue)
 
 
