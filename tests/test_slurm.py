@@ -22,7 +22,7 @@ import pytest
 from harness.errors import ConfigError
 from harness.results.folder import read_jsonl
 from harness.running.slurm import check_request
-from tests.conftest import tiny_overrides
+from tests.conftest import refused, tiny_overrides
 from tests.test_docs import blocks, command_lines
 
 ON_CPU = ["hydra/launcher=slurm", "hydra.launcher.partition=cpu", "hydra.launcher.cpus_per_task=1",
@@ -112,14 +112,16 @@ def wait_releasing(proc: subprocess.Popen, job: str, timeout: int = 600) -> tupl
 LONG_ANSWERS = 160      # tokens an answer decodes where a run must last: the synthetic set has 100 groups of 3 updates
 
 
-def measured(tmp_path: Path, checkpoint: str, groups: int = 8, tokens: int = 4) -> tuple[float, float]:
-    """Seconds and prediction lines per group of an uninterrupted run on this machine, to size a run that must
-    outlast an interruption."""
-    probe = memdefrag(tmp_path, *sweep_args(checkpoint, tmp_path / "probe", "method=memdefrag_top2", groups=groups,
-                                            tokens=tokens))
+@pytest.fixture(scope="module")
+def long_groups(tmp_path_factory, tiny_checkpoint) -> tuple[float, float]:
+    """Seconds and prediction lines per group of LONG_ANSWERS (8 groups, uninterrupted, on this machine), to size
+    a run that must outlast an interruption; measured once for the module's runs of that size."""
+    folder = tmp_path_factory.mktemp("long_groups")
+    probe = memdefrag(folder, *sweep_args(tiny_checkpoint, folder / "probe", "method=memdefrag_top2", groups=8,
+                                          tokens=LONG_ANSWERS))
     assert probe.returncode == 0, probe.stderr
-    per_group = json.loads((tmp_path / "probe" / RUN / "run.json").read_text())["seconds"]["per_group"]
-    return per_group, len((tmp_path / "probe" / RUN / "predictions.jsonl").read_text().splitlines()) / groups
+    per_group = json.loads((folder / "probe" / RUN / "run.json").read_text())["seconds"]["per_group"]
+    return per_group, len((folder / "probe" / RUN / "predictions.jsonl").read_text().splitlines()) / 8
 
 
 def resumed_at(log: str, groups: int) -> list[int]:
@@ -171,10 +173,10 @@ def test_the_documented_cpu_cluster_command_runs_as_written(tmp_path, tiny_check
 
 
 @on_slurm
-def test_a_requeued_job_resumes_with_every_line_once(tmp_path, tiny_checkpoint):
+def test_a_requeued_job_resumes_with_every_line_once(tmp_path, tiny_checkpoint, long_groups):
     """`scontrol requeue` after the first group: the job runs again, keeps the groups it finished, and its run
     holds the lines of the uninterrupted run, each once."""
-    per_group, _ = measured(tmp_path, tiny_checkpoint, tokens=LONG_ANSWERS)
+    per_group, _ = long_groups
     groups = min(100, max(16, math.ceil(20 / per_group)))  # ~20 s of groups: still answering when requeued
     sweep = tmp_path / "slurm"
     proc = subprocess.Popen([sys.executable, "-m", "harness", *sweep_args(
@@ -203,12 +205,13 @@ SHORTEST = ["hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=5"]  
 
 
 @on_slurm
-def test_a_sweep_under_the_shortest_time_limit_ends_by_itself_through_requeues(tmp_path, tiny_checkpoint):
+def test_a_sweep_under_the_shortest_time_limit_ends_by_itself_through_requeues(tmp_path, tiny_checkpoint,
+                                                                               long_groups):
     """A 1-minute limit on a run of about a minute and a half of groups (each a second or two): SLURM signals every
     try 5-35 s before its limit, each try finishes groups and is requeued, uncounted, until the run ends by
     itself, with every line of the uninterrupted run once. SLURM holds each requeued try about two minutes
     (PENDING (BeginTime)); wait_releasing lets it start at once, as the holds would make up most of the wall time."""
-    per_group, lines_per_group = measured(tmp_path, tiny_checkpoint, tokens=LONG_ANSWERS)
+    per_group, lines_per_group = long_groups
     groups = min(100, math.ceil(90 / per_group))
     sweep = tmp_path / "slurm"
     proc = subprocess.Popen([sys.executable, "-m", "harness", *sweep_args(
@@ -266,17 +269,19 @@ def ended(job: str, fields: str = "State") -> list[str] | None:
 
 
 @on_slurm
-def test_a_time_limit_the_signal_would_fill_is_refused_naming_signal_delay_s(tmp_path, tiny_checkpoint):
+def test_a_time_limit_the_signal_would_fill_is_refused_naming_signal_delay_s(tmp_path, tiny_checkpoint, monkeypatch,
+                                                                             capsys, no_work):
     """timeout_min=1 with the shipped signal_delay_s (30 s, and SLURM's signal up to 30 s earlier): refused in one
     line before anything is submitted or made."""
     sweep = tmp_path / "slurm"
-    done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, sweep, "method=none", *ON_CPU,
-                                           "hydra.launcher.timeout_min=1"))
-    assert done.returncode == 2 and done.stderr == (
+    monkeypatch.chdir(tmp_path)
+    line = refused(sweep_args(tiny_checkpoint, sweep, "method=none", *ON_CPU, "hydra.launcher.timeout_min=1"),
+                   monkeypatch, capsys)
+    assert line == (
         "memdefrag: error: hydra.launcher.timeout_min=1 leaves a job no time to run: SLURM signals it to requeue "
         "hydra.launcher.signal_delay_s=30 s (and up to 30 s more) before its limit of 60 s; raise timeout_min or "
-        "lower signal_delay_s\n"), done.stderr
-    assert not sweep.exists()
+        "lower signal_delay_s"), line
+    assert not sweep.exists() and no_work == []
 
 
 @pytest.mark.parametrize("launcher", [pytest.param("slurm", marks=pytest.mark.slurm), "local"])
@@ -320,37 +325,38 @@ def test_a_job_failing_inside_ends_the_command_with_its_line_after_the_others(tm
     ("hydra.launcher.gpus_per_node=1", "Requested node configuration is not available"),     # cpu has no GPU
     ("hydra.launcher.timeout_min=2881", "Requested time limit is invalid (missing or exceeds some limit)")])
 def test_a_request_slurm_cannot_place_is_one_line_before_anything_is_submitted(tmp_path, tiny_checkpoint, request_,
-                                                                               refusal):
+                                                                               refusal, monkeypatch, capsys, no_work):
     """One line naming the request and what each partition offers, its time limit included (cluster.sh: 2 days,
-    2880 min); nothing submitted, no sweep folder made."""
+    2880 min); nothing submitted, no sweep folder made. In this process: sbatch --test-only answers it."""
     sweep = tmp_path / "slurm"
-    done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, sweep, "method=none,memdefrag_top2", *ON_CPU, request_))
-    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
-    assert done.stderr.startswith(f"memdefrag: error: SLURM refuses the request ({refusal}): ")
-    assert request_ in done.stderr and ("gpus" in request_ or "hydra.launcher.gpus_per_node=0 " in done.stderr)
+    monkeypatch.chdir(tmp_path)
+    line = refused(sweep_args(tiny_checkpoint, sweep, "method=none,memdefrag_top2", *ON_CPU, request_),
+                   monkeypatch, capsys)
+    assert line.startswith(f"memdefrag: error: SLURM refuses the request ({refusal}): ")
+    assert request_ in line and ("gpus" in request_ or "hydra.launcher.gpus_per_node=0 " in line)
     assert re.search(r"; the partitions offer cpu \(1 node, \d+ CPUs, \d+ MB, no GPUs, time limit 2-00:00:00\), "
-                     r"gpu \(1 node, \d+ CPUs, \d+ MB, gpu:1, time limit 2-00:00:00\)$", done.stderr), done.stderr
-    assert not sweep.exists()
+                     r"gpu \(1 node, \d+ CPUs, \d+ MB, gpu:1, time limit 2-00:00:00\)$", line), line
+    assert not sweep.exists() and no_work == []
 
 
 @on_slurm
-def test_a_model_on_its_default_device_asks_for_a_gpu(tmp_path, tiny_checkpoint):
+def test_a_model_on_its_default_device_asks_for_a_gpu(tmp_path, tiny_checkpoint, monkeypatch, capsys, no_work):
     """gpus_per_node null: one GPU for model.device=auto (a CPU model asks for none: the test above), as the
     request SLURM is asked about says."""
-    done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, tmp_path / "slurm", "method=none", *ON_CPU,
-                                           "model.device=auto", "hydra.launcher.cpus_per_task=100000"))
-    assert "hydra.launcher.gpus_per_node=1 " in done.stderr, done.stderr
+    monkeypatch.chdir(tmp_path)
+    line = refused(sweep_args(tiny_checkpoint, tmp_path / "slurm", "method=none", *ON_CPU, "model.device=auto",
+                              "hydra.launcher.cpus_per_task=100000"), monkeypatch, capsys)
+    assert "hydra.launcher.gpus_per_node=1 " in line, line
 
 
-def test_without_sbatch_a_slurm_sweep_is_one_line(tmp_path, tiny_checkpoint):
+def test_without_sbatch_a_slurm_sweep_is_one_line(tmp_path, tiny_checkpoint, monkeypatch, capsys, no_work):
     """A machine without SLURM's commands (PATH without them): one line, nothing submitted."""
-    done = subprocess.run([sys.executable, "-m", "harness", *sweep_args(tiny_checkpoint, tmp_path / "s", "method=none",
-                                                                        *ON_CPU)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PATH": str(Path(sys.executable).parent)})
-    assert done.returncode == 2 and done.stderr == (
-        "memdefrag: error: hydra/launcher=slurm: no `sbatch` on this machine; submit from a SLURM login node, "
-        "or run the sweep here with hydra/launcher=local\n"), done.stderr
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    line = refused(sweep_args(tiny_checkpoint, tmp_path / "s", "method=none", *ON_CPU), monkeypatch, capsys)
+    assert line == ("memdefrag: error: hydra/launcher=slurm: no `sbatch` on this machine; submit from a SLURM login "
+                    "node, or run the sweep here with hydra/launcher=local"), line
+    assert no_work == [] and not (tmp_path / "s").exists()
 
 
 def test_an_sbatch_refusing_without_a_word_is_still_one_line(monkeypatch):
