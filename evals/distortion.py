@@ -14,7 +14,6 @@ import math
 
 import pandas as pd
 import torch
-from scipy import stats
 
 from evals.datasets import Dataset
 from evals.retention import Retention
@@ -70,6 +69,8 @@ def correlations(records: list[dict]) -> pd.DataFrame:
     `accuracy_levels` counts the distinct per-step accuracies: with two (a model at the floor after
     step 1, say) every r is decided by one step and says little.
     """
+    from scipy import stats         # here, not at the top: every command imports this module, few correlate
+
     accuracy = accuracy_by_step(records)
     rows = []
     for mode in QueryMode:

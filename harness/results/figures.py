@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")                      # files only; no display on a cluster node
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+@functools.cache
+def pyplot():
+    """matplotlib's pyplot, drawing to files only (no display on a cluster node); imported at the first figure,
+    not with every command."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def integer_ticks():
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
 
 
 def accuracy_curves(table: pd.DataFrame, path: str | Path, title: str = "") -> None:
     """Plot a sweep table (harness.results.summary.sweep_table: accuracy % per dataset and step) to `path`."""
+    plt = pyplot()
     datasets = table.index.get_level_values("dataset").unique()
     fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.6), squeeze=False, sharey=True)
     for ax, dataset in zip(axes[0], datasets):
@@ -32,12 +47,13 @@ def accuracy_curves(table: pd.DataFrame, path: str | Path, title: str = "") -> N
 
 def density_heatmap(density: pd.DataFrame, path: str | Path, title: str = "") -> None:
     """Target density per layer (rows) and update step (columns): paper Fig. 2b."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 5))
     image = ax.imshow(density.T.to_numpy(), aspect="auto", origin="lower", cmap="viridis",
                       extent=(density.index.min() - 0.5, density.index.max() + 0.5, -0.5, density.shape[1] - 0.5))
     fig.colorbar(image, ax=ax, label="attention density of the target")
     ax.set(title=title, xlabel="update step", ylabel="layer")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(integer_ticks())
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -45,10 +61,11 @@ def density_heatmap(density: pd.DataFrame, path: str | Path, title: str = "") ->
 
 def accuracy_and_density(accuracy: pd.Series, density: pd.Series, path: str | Path, title: str = "") -> None:
     """Accuracy and the target's density over steps at one layer, on twin axes: paper Fig. 2d."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ax.plot(accuracy.index, 100 * accuracy.to_numpy(), marker="o", color="tab:blue", label="accuracy")
     ax.set(xlabel="update step", ylabel="accuracy (%)", title=title)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(integer_ticks())
     twin = ax.twinx()
     twin.plot(density.index, density.to_numpy(), marker="s", color="tab:red", label="density")
     twin.set_ylabel("attention density")
@@ -60,6 +77,7 @@ def accuracy_and_density(accuracy: pd.Series, density: pd.Series, path: str | Pa
 
 def correlation_bars(table: pd.DataFrame, path: str | Path, title: str = "") -> None:
     """Per-layer Pearson and Spearman r between density and accuracy: paper Fig. 2c."""
+    plt = pyplot()
     table = table.sort_values("layer")
     fig, ax = plt.subplots(figsize=(8, 3.6))
     width = 0.4
@@ -79,6 +97,7 @@ def accuracy_against_time(table: pd.DataFrame, accuracy: str, path: str | Path, 
     """One point per row of `table` (model, `name`, the `time` and `accuracy` columns; its interval's columns,
     `low@n` and `high@n` by default, as an error bar where the table has them), a colour per model: what each
     method buys and costs. measure: what the `accuracy` column holds, for the axis."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     low, high = interval or (accuracy.replace("acc@", "low@"), accuracy.replace("acc@", "high@"))
     for model, rows in table.groupby("model"):
