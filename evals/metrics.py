@@ -86,8 +86,8 @@ class BertScore:
             if not 1 <= self.num_layers <= (layers or self.num_layers):
                 raise ConfigError(f"task.bertscore_layers={self.num_layers} must be >= 1 and <= {layers} (the layers "
                                   f"of {self.model}), or null for its default")
-        baselines = Path(importlib.util.find_spec("bert_score").origin).parent / "rescale_baseline" / "en"
-        if self.rescale and not (baselines / f"{self.model}.tsv").is_file():
+        if self.rescale and not (Path(importlib.util.find_spec("bert_score").origin).parent / "rescale_baseline" /
+                                 "en" / f"{self.model}.tsv").is_file():
             raise ConfigError(f"task.bertscore_rescale=true needs bert-score's English baseline for "
                               f"task.bertscore_model={self.model!r}, and it ships none: use a model it has a baseline "
                               f"for (e.g. roberta-large) or task.bertscore_rescale=false")
