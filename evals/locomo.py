@@ -46,6 +46,7 @@ from methods.attention.decoder import num_layers
 from methods.attention.tracing import QueryMode, densities, ranks
 from methods.errors import ConfigError, one_of, whole_number
 from methods.session import UPDATE_PHASES
+from methods.tokens import token_count
 
 LoCoMoDataset = StrEnum("LoCoMoDataset", ["synthetic", "locomo"])
 ProtocolName = StrEnum("ProtocolName", ["locomo", "authors", "bare"])
@@ -323,7 +324,7 @@ class LoCoMo:
                 break
             conversation = sample["conversation"]
             sessions = tuple((k, serialized(conversation, k)) for k in sessions_of(conversation))
-            tokens = sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for _, text in sessions)
+            tokens = sum(token_count(tokenizer, text) for _, text in sessions)
             if self.max_tokens is not None and tokens >= self.max_tokens:
                 self.skipped.append({"sample_id": sample["sample_id"], "tokens": tokens})
                 continue

@@ -34,6 +34,7 @@ from evals.retention import best_rank
 from evals.stats import bootstrap_mean, paired_difference, with_interval
 from methods.errors import ConfigError, one_of, whole_number
 from methods.prompting import format_prompt
+from methods.tokens import token_count
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +316,7 @@ class LongBench:
                 if self.n_groups is not None and len(kept) == self.n_groups:
                     break
                 context = record["context"]
-                tokens = len(tokenizer(context, add_special_tokens=False)["input_ids"])
+                tokens = token_count(tokenizer, context)
                 if tokens > self.max_tokens:
                     if self.overflow == "skip":
                         skipped += 1

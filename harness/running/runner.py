@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -34,6 +33,7 @@ from methods.formation import default_formation_batch, formation_header, sink_id
 from methods.generation import default_decode
 from methods.prompting import format_prompt
 from methods.session import Session
+from methods.tokens import token_count
 from methods.window import Window, WindowError, check_capacity, trained_window, window_summary
 
 log = logging.getLogger(__name__)
@@ -140,13 +140,6 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
     except WindowError as err:
         raise ConfigError(str(err)) from None
     return spec, method, task, forgetting, compressor, groups
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def token_count(tokenizer, text: str) -> int:
-    """A fragment's tokens, counted once per tokenizer: the runs of a sweep (one process) share their tasks'
-    contexts, and each run's preflight would tokenize every one of them again."""
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def ready(spec, backend_name: str):
