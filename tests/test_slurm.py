@@ -117,12 +117,12 @@ LONG_ANSWERS = 160      # tokens an answer decodes where a run must last: the sy
 def long_groups(tmp_path_factory, tiny_checkpoint) -> tuple[float, float]:
     """Seconds and prediction lines per group of LONG_ANSWERS (8 groups, uninterrupted, on this machine), to size
     a run that must outlast an interruption; measured once for the module's runs of that size."""
-    folder = tmp_path_factory.mktemp("long_groups")
-    probe = memdefrag(folder, *sweep_args(tiny_checkpoint, folder / "probe", "method=memdefrag_top2", groups=8,
+    folder, groups = tmp_path_factory.mktemp("long_groups"), 8
+    probe = memdefrag(folder, *sweep_args(tiny_checkpoint, folder / "probe", "method=memdefrag_top2", groups=groups,
                                           tokens=LONG_ANSWERS))
     assert probe.returncode == 0, probe.stderr
     per_group = json.loads((folder / "probe" / RUN / "run.json").read_text())["seconds"]["per_group"]
-    return per_group, len((folder / "probe" / RUN / "predictions.jsonl").read_text().splitlines()) / 8
+    return per_group, len((folder / "probe" / RUN / "predictions.jsonl").read_text().splitlines()) / groups
 
 
 def answered_the_same(a: Path, b: Path):
