@@ -186,9 +186,8 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     and a first load parsed it five times where three do (config, tokenizer, weights)."""
     checked = _config_and_tokenizer(str(gguf.parent), gguf.name, False)      # a GGUF file holds no code
     config, tokenizer = map(copy.deepcopy, checked)            # copies: the cached pair is also the runner's
-    with _name_maps_built_once():
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=config,
-                                                     dtype=torch.float32, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=config,
+                                                 dtype=torch.float32, trust_remote_code=False)
     model.hf_quantizer = None                       # weights are dense after loading
     model.config.quantization_config = None
     if hasattr(model.config, "quantization_config"):
@@ -198,18 +197,22 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def _name_maps_built_once():
-    """transformers finds each GGUF tensor's name in the model by walking every submodule, and builds gguf's name
-    map (every known name at every layer) afresh at each one: a third of a first load. The map depends only on
-    (architecture, layers), so while the weights load it is built once."""
+def _gguf_parsed_once():
+    """transformers parses a GGUF's header (every metadata field, the whole vocabulary included) for the config,
+    again for the tokenizer and again for the weights, and builds gguf's tensor-name map (every known name at every
+    layer) afresh for each submodule: half of a first load. While this is open each is done once; nested, the outer
+    one serves."""
     import gguf
 
-    built = gguf.get_tensor_name_map
-    gguf.get_tensor_name_map = functools.lru_cache(built)
+    if isinstance(gguf.GGUFReader, functools._lru_cache_wrapper):
+        yield
+        return
+    reader, names = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader, gguf.get_tensor_name_map = functools.lru_cache(reader), functools.lru_cache(names)
     try:
         yield
     finally:
-        gguf.get_tensor_name_map = built
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, names
 
 
 def _where(spec: ModelSpec) -> tuple[str, str | None, Path | None]:
@@ -271,7 +274,8 @@ def check_source(spec: ModelSpec):
 def _config_and_tokenizer(source: str, gguf_file: str | None, trust_remote_code: bool):
     """Read once per process: a sweep's jobs are all checked before the first starts."""
     kwargs = {"gguf_file": gguf_file, "trust_remote_code": trust_remote_code}
-    return AutoConfig.from_pretrained(source, **kwargs), AutoTokenizer.from_pretrained(source, **kwargs)
+    with _gguf_parsed_once():
+        return AutoConfig.from_pretrained(source, **kwargs), AutoTokenizer.from_pretrained(source, **kwargs)
 
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -344,11 +348,12 @@ def _restore_environment(module, args, output) -> None:
 
 def load(spec: ModelSpec):
     """(model in eval mode, tokenizer) for `spec`; a GGUF file is converted the first time."""
-    check_source(spec)
-    source, gguf_file, to_convert = _where(spec)
-    if to_convert is not None:
-        cache.build(converted_folder(to_convert), lambda folder: _convert_gguf(to_convert, folder))
-        source, gguf_file, _ = _where(spec)
+    with _gguf_parsed_once():
+        check_source(spec)
+        source, gguf_file, to_convert = _where(spec)
+        if to_convert is not None:
+            cache.build(converted_folder(to_convert), lambda folder: _convert_gguf(to_convert, folder))
+            source, gguf_file, _ = _where(spec)
     kwargs = {"dtype": DTYPES[spec.dtype], "gguf_file": gguf_file, "trust_remote_code": spec.trust_remote_code}
     if spec.device_map:
         kwargs["device_map"] = spec.device_map
