@@ -158,6 +158,13 @@ def checked(value, plugin, what: str, member: str):
     return value
 
 
+def metrics_table(task, records: list[dict], label: str):
+    """The task's metrics of `records`, labelled with the method."""
+    metrics = checked(task.metrics(records), task, "task", "metrics")
+    metrics.insert(0, "method", label)
+    return metrics
+
+
 def answer_budget(task, run_budget: int) -> int:
     """The answer budget a task asks its questions with: its own `max_new_tokens` where it declares one, else the
     run's `run_budget`. A task whose questions ask with different budgets declares the largest (LoCoMo: its

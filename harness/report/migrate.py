@@ -26,8 +26,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness.errors import ConfigError, OneLineParser
-from harness.plugins.contracts import build
-from harness.results.folder import (RunLock, as_of_now, atomic_write, digest, folder_name, metrics_table, read_config,
+from harness.plugins.contracts import build, metrics_table
+from harness.results.folder import (RunLock, as_of_now, atomic_write, digest, folder_name, read_config,
                              read_jsonl, read_lines)
 from harness.results.summary import run_folders
 from harness.report.window_records import summarize, with_beyond_window

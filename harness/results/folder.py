@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import re
-import resource
 import socket
 import subprocess
 import sys
@@ -35,13 +34,11 @@ from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
-import torch
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.errors import ConfigError
-from harness.plugins.contracts import checked
 
 PACKAGES = ("torch", "transformers", "hydra-core", "wandb", "memdefrag")
 
@@ -71,21 +68,6 @@ def versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             found[name] = None
     return found
-
-
-def reset_peak_memory() -> None:
-    """Start counting the CUDA allocator's peak afresh (the jobs of a sweep share one process)."""
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-
-
-def peak_memory_mb() -> dict[str, float]:
-    """Process peak RSS (over the whole process: every job it ran so far), and the CUDA allocator's
-    peak since reset_peak_memory where a GPU is used."""
-    peak = {"cpu_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    if torch.cuda.is_available():
-        peak["cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    return peak
 
 
 class RunLock:
@@ -302,13 +284,6 @@ def read_config(folder: Path):
 
 def read_run_info(folder: Path) -> dict:
     return json.loads((Path(folder) / "run.json").read_text())
-
-
-def metrics_table(task, records: list[dict], label: str):
-    """The task's metrics of `records`, labelled with the method."""
-    metrics = checked(task.metrics(records), task, "task", "metrics")
-    metrics.insert(0, "method", label)
-    return metrics
 
 
 def read_lines(path: Path) -> list[tuple[str, dict]]:

@@ -22,8 +22,9 @@ from harness.errors import ConfigError
 from harness.running.formed import FormedFragments, Unkept
 from harness.models.loading import ModelSpec, check_source, load, one_line_cause
 from harness.plugins.contracts import (answer_budget, build, check_first_record, check_groups, check_record, checked,
-                             prompt_positions, refused)
-from harness.results.folder import ResultFolder, flattened, metrics_table, peak_memory_mb, reset_peak_memory
+                             metrics_table, prompt_positions, refused)
+from harness.measurement.peak import peak_memory_mb, reset_peak_memory
+from harness.results.folder import ResultFolder, flattened
 from methods.attention.decoder import num_layers
 from methods.compression.compressor import kept_count
 from methods.forgetting import CapacityError

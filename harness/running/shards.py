@@ -13,8 +13,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness.errors import ConfigError
-from harness.plugins.contracts import build
-from harness.results.folder import ResultFolder, metrics_table, read_config, read_jsonl, read_run_info
+from harness.plugins.contracts import build, metrics_table
+from harness.results.folder import ResultFolder, read_config, read_jsonl, read_run_info
 from harness.results.summary import run_folders
 
 
