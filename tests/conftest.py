@@ -27,10 +27,13 @@ torch.set_num_threads(1 if WORKERS > 1 else min(2, torch.get_num_threads()))
 
 def pytest_collection_modifyitems(items):
     """The tests that submit to the one SLURM cluster run one after another on one worker (`--dist loadgroup`):
-    they wait on its two CPUs and read its queue, which another worker's jobs would change under them."""
+    they wait on its two CPUs and read its queue, which another worker's jobs would change under them. xdist hands
+    out that group first (its largest unit), then the tests in this order: the ones on the real models (`slow`)
+    first, so that the last minutes are short tests spread over both workers, not one long test on one."""
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+    items.sort(key=lambda item: not item.get_closest_marker("slow"))
 
 COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,

@@ -238,6 +238,7 @@ CONVERT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_the_embedded_models_conversion_survives_kills_and_damage(own_cache):
     """kill -9 at three moments of a first conversion of SmolLM2, then a truncated and a zeroed converted
     checkpoint: each time the next load gives the same weights, and no temporary is left behind."""
