@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")    # before transformers reads it: no hub timeouts in tests
@@ -23,6 +24,13 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, Cohere2Config, Co
                           Qwen2Config, Qwen3Config, Qwen3MoeConfig, SmolLM3Config, StableLmConfig)
 
 torch.set_num_threads(1 if WORKERS > 1 else min(2, torch.get_num_threads()))
+
+# rouge-score imports absl.logging, whose handler keeps the sys.stderr of that moment (under pytest, a capture's
+# stream) and closes it when logging's handlers are shut down (Hydra's logging setup, in a run started in-process):
+# every later test's capture then writes to a closed file. Its stream is the process's own stderr instead.
+import absl.logging  # noqa: E402
+
+absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 
 def pytest_collection_modifyitems(items):
