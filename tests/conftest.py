@@ -252,3 +252,27 @@ def matches_cached(run_dir: Path, name: str) -> None:
         f"{name}: the run's config is not the cached one's (make regression-cache if that is meant)"
     report = compare_runs(name, cached, Path(run_dir), Tolerance())
     assert report.equal, "answers moved against the cached run (A: cached, B: this run):\n" + markdown([report], [])
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fails the test if any model weights load; records every job that starts."""
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    from harness import cli
+
+    started = []
+    monkeypatch.setattr(cli, "run", lambda *a, **k: started.append(a))
+    return started
+
+
+def refused(argv, monkeypatch, capsys) -> str:
+    """The one line `memdefrag argv` printed as it exited with status 2."""
+    from harness import cli
+
+    monkeypatch.setattr(sys, "argv", ["memdefrag", *argv])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("memdefrag: error: "), lines
+    return lines[0]

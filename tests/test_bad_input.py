@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 from harness import cli
+from tests.conftest import refused
 
 NQA_MISSING = "task.dataset=nqa"
 CASES = [
@@ -291,26 +292,6 @@ CASES = [
     (["-m", "model.device=cpu,meta"], "model.device='meta' is not a device this harness runs on: use auto, cpu, "
      "cuda or cuda:<index> (job model.device=meta"),
 ]
-
-
-@pytest.fixture
-def no_work(monkeypatch):
-    """Fails the test if any model weights load; records every job that starts."""
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
-    started = []
-    monkeypatch.setattr(cli, "run", lambda *a, **k: started.append(a))
-    return started
-
-
-def refused(argv, monkeypatch, capsys) -> str:
-    """The one line `memdefrag argv` printed as it exited with status 2."""
-    monkeypatch.setattr(sys, "argv", ["memdefrag", *argv])
-    with pytest.raises(SystemExit) as exit_:
-        cli.main()
-    assert exit_.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("memdefrag: error: "), lines
-    return lines[0]
 
 
 @pytest.mark.parametrize("overrides, message", CASES, ids=[" ".join(o) for o, _ in CASES])

@@ -1,7 +1,7 @@
 """A newcomer's plugins, each breaking its contract in one way a newcomer and a seeded fuzzer did (issue 55): each
 is refused in one line naming the plugin, the member and what is expected, when it is composed where its signature
 or annotation shows it, else at its first use (a run's first record, a plan's first question), never after every
-group ran. Each row runs the real command on the tiny checkpoint of tests/conftest.py."""
+group ran. Each row runs the real command (in this process) on the tiny checkpoint of tests/conftest.py."""
 
 import re
 import sys
@@ -14,7 +14,6 @@ from evals.retention import Retention
 from harness import cli
 from methods.base import Method, Plan
 from tests.conftest import tiny_overrides
-from tests.test_smollm2 import memdefrag
 
 
 class PlanReturnsMemory(Method):
@@ -118,14 +117,17 @@ CASES = {  # attempt -> (overrides, the one line), each on the tiny checkpoint
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_plugin_breaking_its_contract_is_refused_in_one_line_at_once(case, tiny_checkpoint, tmp_path):
-    """Through the real command in a process of its own, as a user meets it (in-process, a run after the suite's
-    LongBench runs lost its stderr)."""
+def test_a_plugin_breaking_its_contract_is_refused_in_one_line_at_once(case, tiny_checkpoint, tmp_path, monkeypatch,
+                                                                        capsys):
+    """Through the command's own entry point (harness.cli.main), as a user meets it."""
     overrides, message = CASES[case]
-    done = memdefrag(*tiny_overrides(tiny_checkpoint), "task.groups=2", "task.updates=2", *overrides,
-                     f"hydra.run.dir={tmp_path / 'run'}", cwd=Path(__file__).resolve().parents[1])
-    assert done.returncode == 2, done.stderr[-2000:]
-    *bars, line = done.stderr.strip().splitlines()
+    monkeypatch.setattr(sys, "argv", ["memdefrag", *tiny_overrides(tiny_checkpoint), "task.groups=2", "task.updates=2",
+                                      *overrides, f"hydra.run.dir={tmp_path / 'run'}"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err[-2000:]
+    *bars, line = err.strip().splitlines()
     assert line.startswith(f"memdefrag: error: {message}"), line
     assert all(re.search(r"\d+/\d+ \[", bar) or not bar for bar in bars), bars  # progress bars only
     groups = tmp_path / "run" / "groups.jsonl"

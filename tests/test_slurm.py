@@ -23,7 +23,7 @@ from harness.errors import ConfigError
 from harness.report.compare import compare, markdown
 from harness.results.folder import read_jsonl
 from harness.running.slurm import check_request
-from tests.conftest import tiny_overrides
+from tests.conftest import refused, tiny_overrides
 from tests.test_docs import blocks, command_lines
 
 ON_CPU = ["hydra/launcher=slurm", "hydra.launcher.partition=cpu", "hydra.launcher.cpus_per_task=1",
@@ -273,17 +273,19 @@ def ended(job: str, fields: str = "State") -> list[str] | None:
 
 
 @on_slurm
-def test_a_time_limit_the_signal_would_fill_is_refused_naming_signal_delay_s(tmp_path, tiny_checkpoint):
+def test_a_time_limit_the_signal_would_fill_is_refused_naming_signal_delay_s(tmp_path, tiny_checkpoint, monkeypatch,
+                                                                             capsys, no_work):
     """timeout_min=1 with the shipped signal_delay_s (30 s, and SLURM's signal up to 30 s earlier): refused in one
     line before anything is submitted or made."""
     sweep = tmp_path / "slurm"
-    done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, sweep, "method=none", *ON_CPU,
-                                           "hydra.launcher.timeout_min=1"))
-    assert done.returncode == 2 and done.stderr == (
+    monkeypatch.chdir(tmp_path)
+    line = refused(sweep_args(tiny_checkpoint, sweep, "method=none", *ON_CPU, "hydra.launcher.timeout_min=1"),
+                   monkeypatch, capsys)
+    assert line == (
         "memdefrag: error: hydra.launcher.timeout_min=1 leaves a job no time to run: SLURM signals it to requeue "
         "hydra.launcher.signal_delay_s=30 s (and up to 30 s more) before its limit of 60 s; raise timeout_min or "
-        "lower signal_delay_s\n"), done.stderr
-    assert not sweep.exists()
+        "lower signal_delay_s"), line
+    assert not sweep.exists() and no_work == []
 
 
 @pytest.mark.parametrize("launcher", [pytest.param("slurm", marks=pytest.mark.slurm), "local"])
@@ -327,37 +329,38 @@ def test_a_job_failing_inside_ends_the_command_with_its_line_after_the_others(tm
     ("hydra.launcher.gpus_per_node=1", "Requested node configuration is not available"),     # cpu has no GPU
     ("hydra.launcher.timeout_min=2881", "Requested time limit is invalid (missing or exceeds some limit)")])
 def test_a_request_slurm_cannot_place_is_one_line_before_anything_is_submitted(tmp_path, tiny_checkpoint, request_,
-                                                                               refusal):
+                                                                               refusal, monkeypatch, capsys, no_work):
     """One line naming the request and what each partition offers, its time limit included (cluster.sh: 2 days,
-    2880 min); nothing submitted, no sweep folder made."""
+    2880 min); nothing submitted, no sweep folder made. In this process: sbatch --test-only answers it."""
     sweep = tmp_path / "slurm"
-    done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, sweep, "method=none,memdefrag_top2", *ON_CPU, request_))
-    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
-    assert done.stderr.startswith(f"memdefrag: error: SLURM refuses the request ({refusal}): ")
-    assert request_ in done.stderr and ("gpus" in request_ or "hydra.launcher.gpus_per_node=0 " in done.stderr)
+    monkeypatch.chdir(tmp_path)
+    line = refused(sweep_args(tiny_checkpoint, sweep, "method=none,memdefrag_top2", *ON_CPU, request_),
+                   monkeypatch, capsys)
+    assert line.startswith(f"memdefrag: error: SLURM refuses the request ({refusal}): ")
+    assert request_ in line and ("gpus" in request_ or "hydra.launcher.gpus_per_node=0 " in line)
     assert re.search(r"; the partitions offer cpu \(1 node, \d+ CPUs, \d+ MB, no GPUs, time limit 2-00:00:00\), "
-                     r"gpu \(1 node, \d+ CPUs, \d+ MB, gpu:1, time limit 2-00:00:00\)$", done.stderr), done.stderr
-    assert not sweep.exists()
+                     r"gpu \(1 node, \d+ CPUs, \d+ MB, gpu:1, time limit 2-00:00:00\)$", line), line
+    assert not sweep.exists() and no_work == []
 
 
 @on_slurm
-def test_a_model_on_its_default_device_asks_for_a_gpu(tmp_path, tiny_checkpoint):
+def test_a_model_on_its_default_device_asks_for_a_gpu(tmp_path, tiny_checkpoint, monkeypatch, capsys, no_work):
     """gpus_per_node null: one GPU for model.device=auto (a CPU model asks for none: the test above), as the
     request SLURM is asked about says."""
-    done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, tmp_path / "slurm", "method=none", *ON_CPU,
-                                           "model.device=auto", "hydra.launcher.cpus_per_task=100000"))
-    assert "hydra.launcher.gpus_per_node=1 " in done.stderr, done.stderr
+    monkeypatch.chdir(tmp_path)
+    line = refused(sweep_args(tiny_checkpoint, tmp_path / "slurm", "method=none", *ON_CPU, "model.device=auto",
+                              "hydra.launcher.cpus_per_task=100000"), monkeypatch, capsys)
+    assert "hydra.launcher.gpus_per_node=1 " in line, line
 
 
-def test_without_sbatch_a_slurm_sweep_is_one_line(tmp_path, tiny_checkpoint):
+def test_without_sbatch_a_slurm_sweep_is_one_line(tmp_path, tiny_checkpoint, monkeypatch, capsys, no_work):
     """A machine without SLURM's commands (PATH without them): one line, nothing submitted."""
-    done = subprocess.run([sys.executable, "-m", "harness", *sweep_args(tiny_checkpoint, tmp_path / "s", "method=none",
-                                                                        *ON_CPU)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PATH": str(Path(sys.executable).parent)})
-    assert done.returncode == 2 and done.stderr == (
-        "memdefrag: error: hydra/launcher=slurm: no `sbatch` on this machine; submit from a SLURM login node, "
-        "or run the sweep here with hydra/launcher=local\n"), done.stderr
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    line = refused(sweep_args(tiny_checkpoint, tmp_path / "s", "method=none", *ON_CPU), monkeypatch, capsys)
+    assert line == ("memdefrag: error: hydra/launcher=slurm: no `sbatch` on this machine; submit from a SLURM login "
+                    "node, or run the sweep here with hydra/launcher=local"), line
+    assert no_work == [] and not (tmp_path / "s").exists()
 
 
 def test_an_sbatch_refusing_without_a_word_is_still_one_line(monkeypatch):
