@@ -1,6 +1,7 @@
-"""The commands besides a run refuse a missing or wrong folder with one line and exit status 2."""
+"""The commands besides a run refuse a missing or wrong folder with one line and exit status 2 (each run as
+`python -m` runs it, in this process)."""
 
-import subprocess
+import runpy
 import sys
 
 import pytest
@@ -16,9 +17,12 @@ import pytest
                                                                   "must be >= 1"),
     (["-m", "harness.measurement.benchmark", "--device", "gpu"], "memdefrag-bench: error: --device='gpu' is not a device"),
 ])
-def test_a_wrong_folder_or_value_is_refused_with_one_line(tmp_path, argv, message):
-    done = subprocess.run([sys.executable, *(a.format(tmp=tmp_path) for a in argv)], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(message.format(tmp=tmp_path)), done.stderr[-1000:]
+def test_a_wrong_folder_or_value_is_refused_with_one_line(tmp_path, argv, message, monkeypatch, capsys):
+    _, module, *args = argv
+    monkeypatch.setattr(sys, "argv", [module, *(a.format(tmp=tmp_path) for a in args)])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err[-1000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message.format(tmp=tmp_path)), err[-1000:]
