@@ -3,17 +3,19 @@ methods/ and evals/ import nothing of the harness, so that a reader finds the re
 a model's loading without either."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Lowest first: a module may import its own package and those before it.
-LAYERS = ["errors", "plugins", "results", "models", {"running", "measurement"}, "report", {"cli", "__main__"}]
+LAYERS = ["errors", "results", "plugins", "models", {"running", "measurement"}, "report", {"cli", "__main__"}]
 
 
 def layer(module: str) -> int:
-    """The layer of a harness module (`harness.results.folder` -> 2); the package itself is the top."""
+    """The layer of a harness module (`harness.results.folder` -> 1); the package itself is the top."""
     part = module.split(".")[1] if "." in module else "__main__"
     return next(i for i, names in enumerate(LAYERS) if part in ({names} if isinstance(names, str) else names))
 
@@ -48,3 +50,11 @@ def test_every_harness_module_lives_in_a_sub_package_but_the_entry_points():
 def test_methods_and_tasks_import_nothing_of_the_harness(package):
     users = sorted(str(p.relative_to(ROOT)) for p in (ROOT / package).rglob("*.py") if imported(p))
     assert not users, users
+
+
+def test_a_result_folder_and_the_cache_load_no_model_code():
+    """What a report, a merge or the cache's commands read starts without torch (seconds per process)."""
+    done = subprocess.run([sys.executable, "-c", "import sys, harness.results.folder, harness.results.summary, "
+                           "harness.models.cache; print(sorted({'torch', 'transformers'} & set(sys.modules)))"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -1,14 +1,11 @@
 """The memory a question holds, term by term (docs/gpu.md): what stays live between questions and the transients
 of each phase (a question, an update that evicts, forming a fragment, the first job's self-check), so that a
 peak on a GPU can be foreseen and a measured one explained. tests/test_peak.py holds the live terms to the tensors
-found alive after a question. The peaks a run measures (its run.json) are read here too."""
+found alive after a question."""
 
 from __future__ import annotations
 
-import resource
 from dataclasses import dataclass
-
-import torch
 
 TRACE_SLACK = 1 / 8        # methods/backends/kv_prefix.py: the trace's buffers grow by an eighth beyond the need
 INDEX_BYTES = 8 + 4        # per stored token: its id (int64) and its self-information (fp32)
@@ -77,18 +74,3 @@ def peak(t: dict[str, int]) -> int:
     base = live(t)
     return max(base + t["view"] + t["hidden_prefix_copy"], base + t["eviction"] + t["formation"],
                t["weights"] + t["selfcheck_fp32"])
-
-
-def reset_peak_memory() -> None:
-    """Start counting the CUDA allocator's peak afresh (the jobs of a sweep share one process)."""
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-
-
-def peak_memory_mb() -> dict[str, float]:
-    """Process peak RSS (over the whole process: every job it ran so far), and the CUDA allocator's
-    peak since reset_peak_memory where a GPU is used."""
-    peak = {"cpu_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    if torch.cuda.is_available():
-        peak["cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    return peak

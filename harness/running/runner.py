@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import resource
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -23,7 +24,6 @@ from harness.running.formed import FormedFragments, Unkept
 from harness.models.loading import ModelSpec, check_source, load, one_line_cause
 from harness.plugins.contracts import (answer_budget, build, check_first_record, check_groups, check_record, checked,
                              metrics_table, prompt_positions, refused)
-from harness.measurement.peak import peak_memory_mb, reset_peak_memory
 from harness.results.folder import ResultFolder, flattened
 from methods.attention.decoder import num_layers
 from methods.compression.compressor import kept_count
@@ -52,6 +52,21 @@ def formed_fragments(spec: ModelSpec) -> FormedFragments:
     for other in [k for k in _FORMED if k != key]:
         del _FORMED[other]
     return _FORMED.setdefault(key, FormedFragments(FORMED_BYTES))
+
+
+def reset_peak_memory() -> None:
+    """Start counting the CUDA allocator's peak afresh (the jobs of a sweep share one process)."""
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory_mb() -> dict[str, float]:
+    """Process peak RSS (over the whole process: every job it ran so far), and the CUDA allocator's
+    peak since reset_peak_memory where a GPU is used."""
+    measured = {"cpu_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if torch.cuda.is_available():
+        measured["cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return measured
 
 
 def preflight(cfg: DictConfig, choices: dict | None = None):
