@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import os
 import re
+import threading
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -182,12 +183,13 @@ def converted_folder(gguf: Path) -> Path:
 
 def _convert_gguf(gguf: Path, folder: Path) -> None:
     """De-quantize a GGUF file into a normal checkpoint folder (a cache entry: see harness.models.cache). The config
-    and tokenizer are the ones check_source read: parsing a GGUF's metadata (its whole vocabulary) takes seconds,
-    and a first load parsed it five times where three do (config, tokenizer, weights)."""
-    checked = _config_and_tokenizer(str(gguf.parent), gguf.name, False)      # a GGUF file holds no code
-    config, tokenizer = map(copy.deepcopy, checked)            # copies: the cached pair is also the runner's
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=config,
-                                                 dtype=torch.float32, trust_remote_code=False)
+    and tokenizer are the ones check_source read, and the weights come from the header parsed for them
+    (_gguf_parsed_once): parsing a GGUF's metadata (its whole vocabulary) takes seconds."""
+    with _gguf_parsed_once():
+        checked = _config_and_tokenizer(str(gguf.parent), gguf.name, False)      # a GGUF file holds no code
+        config, tokenizer = map(copy.deepcopy, checked)            # copies: the cached pair is also the runner's
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=config,
+                                                     dtype=torch.float32, trust_remote_code=False)
     model.hf_quantizer = None                       # weights are dense after loading
     model.config.quantization_config = None
     if hasattr(model.config, "quantization_config"):
@@ -196,23 +198,30 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
+_PARSING = threading.RLock()     # one thread at a time swaps gguf's functions; nested opens in it reuse them
+_parsing_depth = 0
+
+
 @contextlib.contextmanager
 def _gguf_parsed_once():
     """transformers parses a GGUF's header (every metadata field, the whole vocabulary included) for the config,
     again for the tokenizer and again for the weights, and builds gguf's tensor-name map (every known name at every
-    layer) afresh for each submodule: half of a first load. While this is open each is done once; nested, the outer
-    one serves."""
+    layer) afresh for each submodule: half of a first load. While this is open each is done once (per file, per
+    (architecture, layers)); nested, the outermost one serves and restores them."""
     import gguf
 
-    if isinstance(gguf.GGUFReader, functools._lru_cache_wrapper):
-        yield
-        return
-    reader, names = gguf.GGUFReader, gguf.get_tensor_name_map
-    gguf.GGUFReader, gguf.get_tensor_name_map = functools.lru_cache(reader), functools.lru_cache(names)
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = reader, names
+    global _parsing_depth
+    with _PARSING:
+        if _parsing_depth == 0:
+            originals = gguf.GGUFReader, gguf.get_tensor_name_map
+            gguf.GGUFReader, gguf.get_tensor_name_map = map(functools.lru_cache, originals)
+        _parsing_depth += 1
+        try:
+            yield
+        finally:
+            _parsing_depth -= 1
+            if _parsing_depth == 0:
+                gguf.GGUFReader, gguf.get_tensor_name_map = originals
 
 
 def _where(spec: ModelSpec) -> tuple[str, str | None, Path | None]:
@@ -354,10 +363,10 @@ def load(spec: ModelSpec):
         if to_convert is not None:
             cache.build(converted_folder(to_convert), lambda folder: _convert_gguf(to_convert, folder))
             source, gguf_file, _ = _where(spec)
-    kwargs = {"dtype": DTYPES[spec.dtype], "gguf_file": gguf_file, "trust_remote_code": spec.trust_remote_code}
-    if spec.device_map:
-        kwargs["device_map"] = spec.device_map
-    model = AutoModelForCausalLM.from_pretrained(source, **kwargs).eval()
+        kwargs = {"dtype": DTYPES[spec.dtype], "gguf_file": gguf_file, "trust_remote_code": spec.trust_remote_code}
+        if spec.device_map:
+            kwargs["device_map"] = spec.device_map
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs).eval()
     if not spec.device_map:
         model.to(pick_device(spec.device))
     grouped_sdpa_on_cpu(model)
