@@ -1,10 +1,16 @@
-"""The commands besides a run refuse a missing or wrong folder with one line and exit status 2 (each through its
-installed console script's entry point, in this process)."""
+"""The commands besides a run refuse a missing or wrong folder with one line and exit status 2: each through its
+installed console script's entry point in this process (a warning is an error here, as it would be a second line
+on the user's terminal), and each console script once as the process a user starts."""
 
+import shutil
+import subprocess
 import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.filterwarnings("error")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -19,7 +25,9 @@ import pytest
 ])
 def test_a_wrong_folder_or_value_is_refused_with_one_line(tmp_path, argv, message, monkeypatch, capsys):
     command, *args = argv
-    [script] = entry_points(group="console_scripts", name=command)
+    scripts = entry_points(group="console_scripts", name=command)
+    assert len(scripts) == 1, f"{command} is not installed: make setup (pip install -e .)"
+    [script] = scripts
     monkeypatch.setattr(sys, "argv", [command, *(a.format(tmp=tmp_path) for a in args)])
     with pytest.raises(SystemExit) as exit_:
         script.load()()
@@ -27,3 +35,12 @@ def test_a_wrong_folder_or_value_is_refused_with_one_line(tmp_path, argv, messag
     assert exit_.value.code == 2, err[-1000:]
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message.format(tmp=tmp_path)), err[-1000:]
+
+
+@pytest.mark.parametrize("command, args, prefix", [("memdefrag", ["report"], "memdefrag report: error: "),
+                                                   ("memdefrag-bench", ["--data-dir"], "memdefrag-bench: error: ")])
+def test_each_console_script_refuses_in_one_line_as_a_process(tmp_path, command, args, prefix):
+    script = shutil.which(command, path=str(Path(sys.executable).parent))
+    done = subprocess.run([script, *args, str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr[-1000:]
+    assert done.stderr.startswith(prefix), done.stderr

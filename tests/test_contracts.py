@@ -116,10 +116,11 @@ CASES = {  # attempt -> (overrides, the one line), each on the tiny checkpoint
 }
 
 
+@pytest.mark.filterwarnings("error")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_plugin_breaking_its_contract_is_refused_in_one_line_at_once(case, tiny_checkpoint, tmp_path, monkeypatch,
                                                                         capsys):
-    """Through the command's own entry point (harness.cli.main), as a user meets it."""
+    """Through the command's entry point (harness.cli.main) in this process; a warning would be a second line."""
     overrides, message = CASES[case]
     monkeypatch.setattr(sys, "argv", ["memdefrag", *tiny_overrides(tiny_checkpoint), "task.groups=2", "task.updates=2",
                                       *overrides, f"hydra.run.dir={tmp_path / 'run'}"])

@@ -10,8 +10,7 @@ from omegaconf import OmegaConf
 
 from evals.retention import Retention
 from harness.errors import ConfigError
-from harness.plugins.contracts import CONTRACTS, build, check_groups, check_record
-from harness.plugins.contracts import metrics_table
+from harness.plugins.contracts import CONTRACTS, build, check_groups, check_record, metrics_table
 from methods.base import Method, Plan
 from methods.baselines import Vanilla
 from methods.compression.compressor import NoCompression
