@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")    # before transformers reads it: no hub timeouts in tests
@@ -265,14 +266,26 @@ def no_work(monkeypatch):
     return started
 
 
+def console_script(command: str):
+    """The entry point an installed console script runs (pyproject's [project.scripts])."""
+    scripts = entry_points(group="console_scripts", name=command)
+    assert len(scripts) == 1, f"{command} is not installed: make setup (pip install -e .)"
+    return next(iter(scripts)).load()
+
+
+def refusal(argv, monkeypatch, capsys) -> str:
+    """What the command `argv` (a console script, then its arguments), run in this process, printed to stderr as
+    it exited with status 2."""
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_:
+        console_script(argv[0])()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err[-2000:]
+    return err
+
+
 def refused(argv, monkeypatch, capsys) -> str:
     """The one line `memdefrag argv` printed as it exited with status 2."""
-    from harness import cli
-
-    monkeypatch.setattr(sys, "argv", ["memdefrag", *argv])
-    with pytest.raises(SystemExit) as exit_:
-        cli.main()
-    assert exit_.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
+    lines = refusal(["memdefrag", *argv], monkeypatch, capsys).strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("memdefrag: error: "), lines
     return lines[0]

@@ -3,7 +3,6 @@ before any job runs or any model weights load (table-driven, through the real co
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,8 +10,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
-from harness import cli
-from tests.conftest import refused
+from tests.conftest import refusal, refused
 
 NQA_MISSING = "task.dataset=nqa"
 CASES = [
@@ -445,12 +443,8 @@ def test_the_other_commands_refuse_bad_input_in_one_line_before_any_work(case, t
         (run / "config.yaml").write_text("method: {label: vanilla}\ntask: {dataset: synthetic}\n")
         (run / "predictions.jsonl").write_text('{"group": 0, "step": 1, "correct": true}\n')
     before = sorted(p for p in tmp_path.rglob("*"))
-    monkeypatch.setattr(sys, "argv", argv)
     monkeypatch.setattr(benchmark, "build", lambda *a: pytest.fail("the benchmark loaded a model"))
-    with pytest.raises(SystemExit) as exit_:
-        (benchmark.main if argv[0] == "memdefrag-bench" else cli.main)()
-    assert exit_.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
+    lines = refusal(argv, monkeypatch, capsys).strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
     assert no_work == [] and sorted(p for p in tmp_path.rglob("*")) == before  # nothing written
 

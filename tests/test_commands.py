@@ -5,10 +5,11 @@ on the user's terminal), and each console script once as the process a user star
 import shutil
 import subprocess
 import sys
-from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import refusal
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -24,15 +25,7 @@ pytestmark = pytest.mark.filterwarnings("error")
     (["memdefrag-bench", "--device", "gpu"], "memdefrag-bench: error: --device='gpu' is not a device"),
 ])
 def test_a_wrong_folder_or_value_is_refused_with_one_line(tmp_path, argv, message, monkeypatch, capsys):
-    command, *args = argv
-    scripts = entry_points(group="console_scripts", name=command)
-    assert len(scripts) == 1, f"{command} is not installed: make setup (pip install -e .)"
-    [script] = scripts
-    monkeypatch.setattr(sys, "argv", [command, *(a.format(tmp=tmp_path) for a in args)])
-    with pytest.raises(SystemExit) as exit_:
-        script.load()()
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2, err[-1000:]
+    err = refusal([a.format(tmp=tmp_path) for a in argv], monkeypatch, capsys)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message.format(tmp=tmp_path)), err[-1000:]
 

@@ -13,7 +13,7 @@ import pytest
 from evals.retention import Retention
 from harness import cli
 from methods.base import Method, Plan
-from tests.conftest import tiny_overrides
+from tests.conftest import refusal, tiny_overrides
 
 
 class PlanReturnsMemory(Method):
@@ -122,12 +122,8 @@ def test_a_plugin_breaking_its_contract_is_refused_in_one_line_at_once(case, tin
                                                                         capsys):
     """Through the command's entry point (harness.cli.main) in this process; a warning would be a second line."""
     overrides, message = CASES[case]
-    monkeypatch.setattr(sys, "argv", ["memdefrag", *tiny_overrides(tiny_checkpoint), "task.groups=2", "task.updates=2",
-                                      *overrides, f"hydra.run.dir={tmp_path / 'run'}"])
-    with pytest.raises(SystemExit) as exit_:
-        cli.main()
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2, err[-2000:]
+    err = refusal(["memdefrag", *tiny_overrides(tiny_checkpoint), "task.groups=2", "task.updates=2", *overrides,
+                   f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch, capsys)
     *bars, line = err.strip().splitlines()
     assert line.startswith(f"memdefrag: error: {message}"), line
     assert all(re.search(r"\d+/\d+ \[", bar) or not bar for bar in bars), bars  # progress bars only
