@@ -111,6 +111,7 @@ def wait_releasing(proc: subprocess.Popen, job: str, timeout: int = 600) -> tupl
 
 
 LONG_ANSWERS = 160      # tokens an answer decodes where a run must last: the synthetic set has 100 groups of 3 updates
+SYNTHETIC_GROUPS = 100
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +184,7 @@ def test_a_requeued_job_resumes_with_every_line_once(tmp_path, tiny_checkpoint, 
     """`scontrol requeue` after the first group: the job runs again, keeps the groups it finished, and its run
     holds the lines of the uninterrupted run, each once."""
     per_group, _ = long_groups
-    groups = min(100, max(16, math.ceil(20 / per_group)))  # ~20 s of groups: still answering when requeued
+    groups = min(SYNTHETIC_GROUPS, max(16, math.ceil(20 / per_group)))  # ~20 s of groups: still answering when requeued
     sweep = tmp_path / "slurm"
     proc = subprocess.Popen([sys.executable, "-m", "harness", *sweep_args(
         tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, groups=groups, tokens=LONG_ANSWERS)], cwd=tmp_path,
@@ -212,34 +213,33 @@ SHORTEST = ["hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=5"]  
 @on_slurm
 def test_a_sweep_under_the_shortest_time_limit_ends_by_itself_through_requeues(tmp_path, tiny_checkpoint,
                                                                                long_groups):
-    """A 1-minute limit on a run of about a minute and a half of groups (each a second or two): SLURM signals every
-    try 5-35 s before its limit, each try finishes groups and is requeued, uncounted, until the run ends by
-    itself, with every line of the uninterrupted run once. SLURM holds each requeued try about two minutes
+    """A 1-minute limit on the synthetic set's 100 groups of long answers (52 of them took 43 s on CI's 2-core
+    Xeon): SLURM signals every try 5-35 s before its limit, each try finishes groups
+    and is requeued, uncounted, until the run ends by itself, with every group's lines once. The run's length is
+    not sized from a measured speed: a module's first minutes (the probe's) ran twice as slow as this run on CI, and
+    a run that ends inside its first try tests nothing. That a resumed run answers as the uninterrupted one is
+    test_a_requeued_job_resumes_with_every_line_once's claim. SLURM holds each requeued try about two minutes
     (PENDING (BeginTime)); wait_releasing lets it start at once, as the holds would make up most of the wall time."""
-    per_group, lines_per_group = long_groups
-    groups = min(100, math.ceil(90 / per_group))
+    _, lines_per_group = long_groups
     sweep = tmp_path / "slurm"
     proc = subprocess.Popen([sys.executable, "-m", "harness", *sweep_args(
-        tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, *SHORTEST, groups=groups, tokens=LONG_ANSWERS)],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, *SHORTEST, groups=SYNTHETIC_GROUPS,
+        tokens=LONG_ANSWERS)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job = job_of(sweep, proc)
     out, err = wait_releasing(proc, job, timeout=900)
     assert proc.returncode == 0, out + err
     log = (sweep / ".submitit" / job / f"{job}_0_log.err").read_text()
     tries = log.count("Caught signal SIGUSR2")        # each time a try met the limit and was requeued
-    assert tries >= 1, log
-    resumed = resumed_at((sweep / ".submitit" / job / f"{job}_0_log.out").read_text(), groups)
+    seconds = json.loads((sweep / RUN / "run.json").read_text())["seconds"]["total"]
+    assert tries >= 1, f"the run ended inside its first try ({seconds:.0f} s of groups): {log}"
+    resumed = resumed_at((sweep / ".submitit" / job / f"{job}_0_log.out").read_text(), SYNTHETIC_GROUPS)
     assert len(resumed) == tries and resumed == sorted(set(resumed)) and resumed[0] >= 1, resumed
-    plain = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, tmp_path / "plain", "method=memdefrag_top2",
-                                            groups=groups, tokens=LONG_ANSWERS))
-    assert plain.returncode == 0, plain.stderr
-    lines = [len((folder / RUN / "predictions.jsonl").read_text().splitlines()) for folder in (sweep, tmp_path / "plain")]
-    per_group_lines = Counter(record["group"] for record in read_jsonl(sweep / RUN / "predictions.jsonl"))
-    assert lines[0] == lines[1] == groups * lines_per_group and set(per_group_lines.values()) == {lines_per_group}
-    assert len(per_group_lines) == finished_groups(sweep / RUN) == groups
-    print(f"1-minute limit: {tries} requeues, resumed after {resumed} of {groups} groups: {lines[0]} lines, "
-          f"uninterrupted {lines[1]}")
-    answered_the_same(tmp_path / "plain", sweep)
+    records = read_jsonl(sweep / RUN / "predictions.jsonl")
+    per_group_lines = Counter(record["group"] for record in records)
+    assert len(records) == SYNTHETIC_GROUPS * lines_per_group and set(per_group_lines.values()) == {lines_per_group}
+    assert len(per_group_lines) == finished_groups(sweep / RUN) == SYNTHETIC_GROUPS
+    print(f"1-minute limit: {tries} requeues, resumed after {resumed} of {SYNTHETIC_GROUPS} groups: "
+          f"{len(records)} lines, {seconds:.0f} s of groups")
 
 
 @on_slurm
