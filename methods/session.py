@@ -87,6 +87,7 @@ class Session:
     def store(self, text: str, reuse: bool = False) -> int:
         """Form one fragment and admit it, forgetting to stay within capacity; returns its id.
         reuse: the text recurs (see Former.next_fragment)."""
+        self.backend.forget_trace()         # not held beside the forward that forms the fragment
         start = clock(self.model.device)
         kept = self.compressor(text, self.model, self.tokenizer)
         compressed = clock(self.model.device)

@@ -83,12 +83,13 @@ def test_the_live_terms_of_the_peak_formula_hold_what_a_question_leaves_alive():
 
 
 def test_the_peak_is_the_largest_phase_docs_gpu_md_names_and_above_what_a_question_leaves_alive():
-    """peak(): a question (live + the view), an evicting update (live + M + formation) or the self-check (the
-    weights in fp32), whichever is largest; never below the storage a question was measured to leave alive."""
+    """peak(): a question (live + the view), an evicting update (the weights, the memory, a fragment cut and one
+    formed: no trace) or the self-check (the weights in fp32), whichever is largest; never below the storage a
+    question was measured to leave alive."""
     alive, terms = in_a_fresh_process("tiny", 500)
     live = peak.live(terms)
     phases = {"a question": live + terms["view"] + terms["hidden_prefix_copy"],
-              "an evicting update": live + terms["eviction"] + terms["formation"],
+              "an evicting update": terms["weights"] + terms["memory"] + terms["eviction"] + terms["formation"],
               "the self-check": terms["weights"] + terms["selfcheck_fp32"]}
     assert peak.peak(terms) == max(phases.values()) and peak.peak(terms) >= alive + terms["weights"], phases
 
@@ -100,7 +101,9 @@ def test_the_formula_holds_smollm2_at_n_max():
     tokens goes past its 8,192 trained positions (what storage it holds, not an answer)."""
     alive, terms = in_a_fresh_process("smollm2", 12800)
     formula = peak.live(terms) - terms["weights"]
-    print(f"SmolLM2 at N_max: alive {alive / 1e6:.1f} MB, formula {formula / 1e6:.1f} MB (weights aside)")
+    print(f"SmolLM2 at N_max: alive {alive / 1e6:.1f} MB, formula {formula / 1e6:.1f} MB (weights aside); memory "
+          f"{terms['memory'] / 1e6:.1f} MB, trace {terms['trace'] / 1e6:.1f} MB, weights {terms['weights'] / 1e6:.1f} "
+          f"MB; peak {peak.peak(terms) / 1e6:.1f} MB, an evicting update {peak.update(terms) / 1e6:.1f} MB")
     assert abs(alive / formula - 1) < 0.10, (alive, formula)
 
 
@@ -119,10 +122,11 @@ def test_a_jobs_peak_window_opens_after_the_self_check(tmp_path, tiny_checkpoint
     assert calls == ["self-check", "peak reset"]
 
 
-def test_the_traces_buffers_are_never_held_twice_when_the_memory_outgrows_them(tokenizer):
-    """The gap the issue measured (~0.9 GB over the formula at N_max on the 8B shape): when the stored memory
-    outgrows the trace's buffers, the new ones were allocated while the old ones, copied from, were still alive (the
-    trace term twice, 0.83 GB there). Now the old buffers are dropped first and every fragment placed again."""
+def test_the_traces_buffers_are_never_held_twice_when_a_longer_prompt_outgrows_them(tokenizer):
+    """The gap the issue measured (~0.9 GB over the formula at N_max on the 8B shape): when the trace outgrew its
+    buffers, the new ones were allocated while the old ones, copied from, were still alive (the trace term twice,
+    0.83 GB there). The old buffers are dropped first and every fragment placed again; with the trace forgotten at
+    each store, what outgrows them is a longer prompt over the same memory."""
     import weakref
 
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -153,14 +157,44 @@ def test_the_traces_buffers_are_never_held_twice_when_the_memory_outgrows_them(t
             allocate(placed, like, size)
         regrowths.append(seen.old_dead)
 
+    for i in range(10):
+        session.store(" ".join(WORDS[(i + j) % len(WORDS)] for j in range(12)))
     kv_prefix.Placed._allocate = watched
     try:
-        for i in range(30):                 # the memory grows past the trace's slack several times
-            session.store(" ".join(WORDS[(i + j) % len(WORDS)] for j in range(12)))
-            session.ask("where did the cat sit?")
+        for words in (1, 40, 120):          # each prompt over twice the last's length: the buffers are outgrown
+            session.ask("cat " * words)
     finally:
         kv_prefix.Placed._allocate = allocate
-    assert len(regrowths) >= 2 and all(dead and all(dead) for dead in regrowths), regrowths
+    assert len(regrowths) == 2 and all(dead and all(dead) for dead in regrowths), regrowths
+
+
+def test_a_store_forms_its_fragment_with_the_trace_gone(tokenizer):
+    """The trace's placed memory (0.74 GB at N_max on the 8B shape) is forgotten before a fragment is formed, so an
+    update holds the weights, the memory and the formation alone (docs/gpu.md: 18.4 GB there, under a question's
+    18.6 GB); the next question places the memory again and answers as a session that never forgot it."""
+    import weakref
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**{**COMMON, "max_position_embeddings": 4096})).eval()
+    texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(12)) for i in range(6)]
+    sessions = [Session(model, tokenizer, KVPrefixBackend(model), MemDefrag(2, 1, "mean"), "shared_sink", "plain", 4)
+                for _ in range(2)]
+    forming, trace_alive, placed = sessions[0].former._forward, [], None
+
+    def watched(rows):
+        if placed is not None:                               # a question traced before this store
+            trace_alive.append(placed() is not None)
+        return forming(rows)
+
+    sessions[0].former._forward = watched
+    answers = [[], []]
+    for text in texts:
+        for session, answered in zip(sessions, answers):
+            session.store(text)
+            answered.append(session.ask("where did the cat sit?").text)
+        placed = weakref.ref(sessions[0].backend.traced.keys[0])
+        sessions[1].backend.forget_trace = lambda: None       # the second keeps its trace across stores
+    assert trace_alive == [False] * (len(texts) - 1) and answers[0] == answers[1]
 
 
 def test_a_fragment_forgetting_cuts_is_not_kept_alive_by_the_trace(tokenizer):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TRACE_SLACK = 1 / 8        # methods/backends/kv_prefix.py: the trace's buffers grow by an eighth beyond the need
 INDEX_BYTES = 8 + 4        # per stored token: its id (int64) and its self-information (fp32)
 
 
@@ -39,10 +38,10 @@ def terms(dims: Dims, weight_bytes: int, b: int, memory_tokens: int, view_tokens
     memory_tokens N: stored positions (the sink included); view_tokens: the K selected fragments' (the sink
     included); fragment_tokens: one formed fragment's; formed_bytes: the formed-fragment cache, on the host.
     Live between questions: weights, memory (keys and values; the layer inputs instead under hidden_prefix),
-    the fast backend's trace: its placed memory up to the tracer layer (with its slack) and its rows. Transients: the placed view and
-    one layer's working set (a question); a fragment's old and kept positions side by side as forgetting cuts it
-    (an update that evicts: one fragment at a time; the trace holds the fragments it placed weakly, so the evicted
-    ones go at once, methods/backends/kv_prefix.py); a fragment's forward (formation); the weights upcast to fp32 (the
+    the fast backend's trace until the next store: its placed memory up to the tracer layer and its rows.
+    Transients: the placed view and one layer's working set (a question); a fragment's old and kept positions side
+    by side as forgetting cuts it (an update that evicts: one fragment at a time, the trace forgotten first,
+    methods/backends/kv_prefix.py); a fragment's forward (formation); the weights upcast to fp32 (the
     self-check, in the first job's window, memory still empty); hidden_prefix's stacked copy of the states."""
     kv_token = 2 * dims.L * dims.kv * dims.d * b
     fast = backend == "fast"
@@ -50,7 +49,7 @@ def terms(dims: Dims, weight_bytes: int, b: int, memory_tokens: int, view_tokens
     n, p, a, f = memory_tokens, prompt_tokens, answer_tokens, fragment_tokens
     traced = tracer_layer + 1
     rows = p * (n + p) * 4                                           # the tracer layer's fp32 rows [p, 1+N+p]
-    trace = int((n + p) * (1 + TRACE_SLACK)) * 2 * traced * dims.kv * dims.d * b + rows if fast else 0
+    trace = (n + 2 * p) * 2 * traced * dims.kv * dims.d * b + rows if fast else 0   # room for a prompt twice p
     layer_work = p * (2 * dims.h + 3 * dims.m) * b + dims.V * 4
     return {"weights": weight_bytes, "memory": n * (stored_token + INDEX_BYTES), "trace": trace,
             "formed_host": formed_bytes,
@@ -69,8 +68,11 @@ def live(t: dict[str, int]) -> int:
 
 def peak(t: dict[str, int]) -> int:
     """The most any phase holds: a question (hidden_prefix stacks its states then), an update that evicts and
-    forms a fragment, or the self-check (weights in fp32, no memory yet; before a job's peak window
-    opens: harness/running/runner.py)."""
-    base = live(t)
-    return max(base + t["view"] + t["hidden_prefix_copy"], base + t["eviction"] + t["formation"],
-               t["weights"] + t["selfcheck_fp32"])
+    forms a fragment (without the trace, which a store forgets first: methods/session.py), or the self-check
+    (weights in fp32, no memory yet; before a job's peak window opens: harness/running/runner.py)."""
+    return max(live(t) + t["view"] + t["hidden_prefix_copy"], update(t), t["weights"] + t["selfcheck_fp32"])
+
+
+def update(t: dict[str, int]) -> int:
+    """An update that evicts: the weights, the memory, a fragment cut and one formed."""
+    return t["weights"] + t["memory"] + t["eviction"] + t["formation"]

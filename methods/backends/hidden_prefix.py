@@ -70,6 +70,9 @@ class HiddenPrefixBackend:
     def check(model_config) -> None:
         """Any decoder with a stack of layers: nothing to refuse before its weights load."""
 
+    def forget_trace(self) -> None:
+        """Nothing is kept between questions: every trace stacks the states again."""
+
     def _run(self, memory: LatentMemory, prompt_ids: torch.Tensor, reading: Reading = Reading(), **kwargs):
         if reading.parallel:
             raise ValueError("backend=hidden_prefix reads the fragments at contiguous positions; a parallel reading "

@@ -81,13 +81,14 @@ class Placed:
     questions; a cache that is decoded with gets buffers of its own.
 
     What a forward on the cache writes after the memory (a trace's prompt) also stays in the buffers:
-    `held` says how many of those positions a cache of the unchanged memory may keep. Buffers kept between
-    questions take `slack` (a share of what they need) more, so that the next updates and a longer prompt
-    fit without moving the placed memory. There is one buffer per group of layers that share a shape
-    (one for most models; Gemma-4's wider global layers have their own)."""
+    `held` says how many of those positions a cache of the unchanged memory may keep. Buffers are allocated
+    with `spare` times the room asked after the memory: the trace's live until the next store
+    (KVPrefixBackend.forget_trace), and questions between two stores differ in their prompts' lengths alone. There
+    is one buffer per group of layers that share a shape (one for most models; Gemma-4's wider global layers have
+    their own)."""
 
-    def __init__(self, model, n_layers: int, slack: float = 0.0):
-        self.model, self.n_layers, self.slack = model, n_layers, slack
+    def __init__(self, model, n_layers: int, spare: int = 1):
+        self.model, self.n_layers, self.spare = model, n_layers, spare
         self.fragments: list = []                   # sink and fragments placed in the buffers, in order, held
                                                     # weakly: an evicted fragment's storage goes with its eviction
         self.parallel = False                       # whether they were placed in parallel
@@ -112,7 +113,7 @@ class Placed:
         held = held if self.unchanged else 0
         start = sum(len(f) for f in frags[:kept])
         if grows:
-            self._allocate(frags[0], int((total + room) * (1 + self.slack)))
+            self._allocate(frags[0], total + room * self.spare)
         tables = self.rotary.tables(total, self.keys[0]) if kept < len(frags) else None
         for f in frags[kept:]:
             end = start + len(f)
@@ -150,6 +151,14 @@ class KVPrefixBackend:
         self.last_prompt = torch.empty(0, dtype=torch.long, device="cpu")  # and its prompt, whose keys/values follow it,
         self.last_rows: dict[int, torch.Tensor] = {}            # and rows
         self.checked: tuple | None = None      # CacheBlend's check: (sink and fragments, layer, recomputed cache)
+
+    def forget_trace(self) -> None:
+        """Before a fragment is formed: the last trace's placed memory and rows go (0.83 GB on the 8B shape at
+        N_max, docs/gpu.md), so that they never sit beside a formation's forward. The next trace places the
+        memory again, as it would have to anyway after an update that evicts (every fragment is cut then);
+        questions asked between two updates still share one placement."""
+        self.traced, self.last_rows = None, {}
+        self.last_prompt = torch.empty(0, dtype=torch.long, device="cpu")
 
     @staticmethod
     def check(model_config) -> None:
@@ -217,7 +226,7 @@ class KVPrefixBackend:
         template's system turn) keep their keys, values and rows: only the tokens after them run."""
         upto = max(layers) + 1
         if self.traced is None or self.traced.n_layers != upto:
-            self.traced, self.last_rows = Placed(self.model, upto, slack=1 / 8), {}
+            self.traced, self.last_rows = Placed(self.model, upto, spare=2), {}
         shared = 0
         if all(layer in self.last_rows for layer in layers):
             shared = min(common_prefix(self.last_prompt, prompt_ids), len(prompt_ids) - 1)
