@@ -8,7 +8,6 @@ under CI (CI=true), where that is a failure. Runs are on the tiny checkpoint, on
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import subprocess
@@ -114,16 +113,19 @@ LONG_ANSWERS = 160      # tokens an answer decodes where a run must last: the sy
 SYNTHETIC_GROUPS = 100
 
 
+UNINTERRUPTED_GROUPS = 12   # the requeued run's: 11 groups still to answer after the first (9 s on CI's idle Xeon)
+
+
 @pytest.fixture(scope="module")
-def long_groups(tmp_path_factory, tiny_checkpoint) -> tuple[float, float]:
-    """Seconds and prediction lines per group of LONG_ANSWERS (8 groups, uninterrupted, on this machine), to size
-    a run that must outlast an interruption; measured once for the module's runs of that size."""
-    folder, groups = tmp_path_factory.mktemp("long_groups"), 8
-    probe = memdefrag(folder, *sweep_args(tiny_checkpoint, folder / "probe", "method=memdefrag_top2", groups=groups,
-                                          tokens=LONG_ANSWERS))
-    assert probe.returncode == 0, probe.stderr
-    per_group = json.loads((folder / "probe" / RUN / "run.json").read_text())["seconds"]["per_group"]
-    return per_group, len((folder / "probe" / RUN / "predictions.jsonl").read_text().splitlines()) / groups
+def uninterrupted(tmp_path_factory, tiny_checkpoint) -> tuple[Path, int]:
+    """A sweep of UNINTERRUPTED_GROUPS groups of LONG_ANSWERS, run once for the module without a launcher: what a
+    requeued run must answer, and its prediction lines per group."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    done = memdefrag(folder, *sweep_args(tiny_checkpoint, folder / "plain", "method=memdefrag_top2",
+                                         groups=UNINTERRUPTED_GROUPS, tokens=LONG_ANSWERS))
+    assert done.returncode == 0, done.stderr
+    lines = len((folder / "plain" / RUN / "predictions.jsonl").read_text().splitlines())
+    return folder / "plain", lines // UNINTERRUPTED_GROUPS
 
 
 def answered_the_same(a: Path, b: Path):
@@ -180,12 +182,11 @@ def test_the_documented_cpu_cluster_command_runs_as_written(tmp_path, tiny_check
 
 
 @on_slurm
-def test_a_requeued_job_resumes_with_every_line_once(tmp_path, tiny_checkpoint, long_groups):
+def test_a_requeued_job_resumes_with_every_line_once(tmp_path, tiny_checkpoint, uninterrupted):
     """`scontrol requeue` after the first group: the job runs again, keeps the groups it finished, and its run
-    holds the lines of the uninterrupted run, each once."""
-    per_group, _ = long_groups
-    groups = min(SYNTHETIC_GROUPS, max(16, math.ceil(20 / per_group)))  # ~20 s of groups: still answering when requeued
-    sweep = tmp_path / "slurm"
+    holds the lines of the uninterrupted run, each once, and answers as it did."""
+    plain, lines_per_group = uninterrupted
+    groups, sweep = UNINTERRUPTED_GROUPS, tmp_path / "slurm"
     proc = subprocess.Popen([sys.executable, "-m", "harness", *sweep_args(
         tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, groups=groups, tokens=LONG_ANSWERS)], cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -197,14 +198,10 @@ def test_a_requeued_job_resumes_with_every_line_once(tmp_path, tiny_checkpoint, 
     log = (sweep / ".submitit" / job / f"{job}_0_log.out").read_text()
     resumed = resumed_at(log, groups)
     assert len(resumed) == 1 and 1 <= resumed[0] < groups, log
-    plain = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, tmp_path / "plain", "method=memdefrag_top2",
-                                            groups=groups, tokens=LONG_ANSWERS))
-    assert plain.returncode == 0, plain.stderr
-    lines = [len((folder / RUN / "predictions.jsonl").read_text().splitlines())
-             for folder in (sweep, tmp_path / "plain")]
-    assert lines[0] == lines[1] and finished_groups(sweep / RUN) == groups
-    print(f"requeued after {resumed[0]} of {groups} groups: {lines[0]} lines, uninterrupted {lines[1]}")
-    answered_the_same(tmp_path / "plain", sweep)
+    lines = len((sweep / RUN / "predictions.jsonl").read_text().splitlines())
+    assert lines == groups * lines_per_group and finished_groups(sweep / RUN) == groups
+    print(f"requeued after {resumed[0]} of {groups} groups: {lines} lines, as uninterrupted")
+    answered_the_same(plain, sweep)
 
 
 SHORTEST = ["hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=5"]   # SLURM's shortest limit: 1 minute
@@ -212,15 +209,15 @@ SHORTEST = ["hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=5"]  
 
 @on_slurm
 def test_a_sweep_under_the_shortest_time_limit_ends_by_itself_through_requeues(tmp_path, tiny_checkpoint,
-                                                                               long_groups):
+                                                                               uninterrupted):
     """A 1-minute limit on the synthetic set's 100 groups of long answers (52 of them took 43 s on CI's 2-core
     Xeon): SLURM signals every try 5-35 s before its limit, each try finishes groups
     and is requeued, uncounted, until the run ends by itself, with every group's lines once. The run's length is
-    not sized from a measured speed: a module's first minutes (the probe's) ran twice as slow as this run on CI, and
-    a run that ends inside its first try tests nothing. That a resumed run answers as the uninterrupted one is
+    not sized from a measured speed: a module's first minutes ran twice as slow as this run on CI, and a run that
+    ends inside its first try tests nothing. That a resumed run answers as the uninterrupted one is
     test_a_requeued_job_resumes_with_every_line_once's claim. SLURM holds each requeued try about two minutes
     (PENDING (BeginTime)); wait_releasing lets it start at once, as the holds would make up most of the wall time."""
-    _, lines_per_group = long_groups
+    _, lines_per_group = uninterrupted
     sweep = tmp_path / "slurm"
     proc = subprocess.Popen([sys.executable, "-m", "harness", *sweep_args(
         tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, *SHORTEST, groups=SYNTHETIC_GROUPS,
