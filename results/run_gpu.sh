@@ -69,14 +69,14 @@ memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none hydra.s
 # shellcheck disable=SC2086
 memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none backend=hidden_prefix \
   method=memdefrag_top2 hydra.sweep.dir="$out/gpu_memory_hidden_prefix"
-# formation_batch=solo beside the runs above (batched, CUDA's default): Top-2's group time and peak each way
-# (docs/gpu.md: at N_max the formula gives 21.1 GB batched, 19.3 GB solo)
+# the other formation beside the runs above (runtime batched, CUDA's default; gpu_memory solo, its own): Top-2's
+# group time and peak each way (docs/gpu.md: at N_max the formula gives 20.5 GB batched, 18.6 GB solo)
 # shellcheck disable=SC2086
 memdefrag experiment=runtime $model task.groups=2 method=memdefrag_top2 formation_batch=solo \
   task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime_solo"
 # shellcheck disable=SC2086
 memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none method=memdefrag_top2 \
-  formation_batch=solo hydra.sweep.dir="$out/gpu_memory_solo"
+  formation_batch=batched hydra.sweep.dir="$out/gpu_memory_batched"
 release
 # allow_beyond_window=true as experiment=memoryllm_comparison: MemoryLLM-8B reads its pool of 12,800 slots past
 # the 8,192 positions of its shape (M+'s 131,072 hold its 12,800)
