@@ -153,7 +153,7 @@ class KVPrefixBackend:
         self.checked: tuple | None = None      # CacheBlend's check: (sink and fragments, layer, recomputed cache)
 
     def forget_trace(self) -> None:
-        """Before a fragment is formed: the last trace's placed memory and rows go (0.83 GB on the 8B shape at
+        """Before a fragment is formed: the last trace's placed memory and rows go (0.74 GB on the 8B shape at
         N_max, docs/gpu.md), so that they never sit beside a formation's forward. The next trace places the
         memory again, as it would have to anyway after an update that evicts (every fragment is cut then);
         questions asked between two updates still share one placement."""
