@@ -70,7 +70,7 @@ memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none hydra.s
 memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none backend=hidden_prefix \
   method=memdefrag_top2 hydra.sweep.dir="$out/gpu_memory_hidden_prefix"
 # the other formation beside the runs above (runtime batched, CUDA's default; gpu_memory solo, its own): Top-2's
-# group time and peak each way (docs/gpu.md: at N_max the formula gives 20.5 GB batched, 18.6 GB solo)
+# group time and peak each way (docs/gpu.md: at N_max the formula gives 20.3 GB batched, 18.6 GB solo)
 # shellcheck disable=SC2086
 memdefrag experiment=runtime $model task.groups=2 method=memdefrag_top2 formation_batch=solo \
   task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime_solo"

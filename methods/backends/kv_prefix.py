@@ -131,7 +131,7 @@ class Placed:
     def _allocate(self, like: Fragment, size: int) -> None:
         """Buffers of `size` positions (keys and values may differ in heads and width: multi-head latent attention
         caches a latent and a rotated part), the old ones dropped first: every fragment is placed again rather
-        than copied over, so that the trace's buffers are never held twice (at N_max on the 8B shape, 0.83 GB:
+        than copied over, so that the trace's buffers are never held twice (at N_max on the 8B shape, 0.74 GB:
         docs/gpu.md, Peak memory)."""
         self.keys = self.values = None
         self.keys, self.values = [[t.new_empty(len(layers), t.shape[1], size, t.shape[3], device=self.model.device)
@@ -154,9 +154,9 @@ class KVPrefixBackend:
 
     def forget_trace(self) -> None:
         """Before a fragment is formed: the last trace's placed memory and rows go (0.74 GB on the 8B shape at
-        N_max, docs/gpu.md), so that they never sit beside a formation's forward. The next trace places the
-        memory again, as it would have to anyway after an update that evicts (every fragment is cut then);
-        questions asked between two updates still share one placement."""
+        N_max, docs/gpu.md), so that they never sit beside a formation's forward. The next trace places the whole
+        memory again: after an update that evicts (every fragment is cut then) it had to anyway; after one that
+        evicts nothing it placed only the new fragment. Questions asked between two stores share one placement."""
         self.traced, self.last_rows = None, {}
         self.last_prompt = torch.empty(0, dtype=torch.long, device="cpu")
 
