@@ -176,7 +176,7 @@ def test_a_store_forms_its_fragment_with_the_trace_gone(tokenizer):
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(LlamaConfig(**{**COMMON, "max_position_embeddings": 4096})).eval()
-    texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(12)) for i in range(6)]
+    texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(4)) for i in range(6)]   # each within the spare room
     sessions = [Session(model, tokenizer, KVPrefixBackend(model), MemDefrag(2, 1, "mean"), "shared_sink", "plain", 4)
                 for _ in range(2)]
     forming, trace_alive, placed = sessions[0].former._forward, [], None
@@ -187,13 +187,15 @@ def test_a_store_forms_its_fragment_with_the_trace_gone(tokenizer):
         return forming(rows)
 
     sessions[0].former._forward = watched
-    answers = [[], []]
+    answers, kept = [[], []], set()
     for text in texts:
         for session, answered in zip(sessions, answers):
             session.store(text)
-            answered.append(session.ask("where did the cat sit?").text)
+            answered.append(session.ask("where did the cat sit on the mat? " * 4).text)   # room for what follows
         placed = weakref.ref(sessions[0].backend.traced.keys[0])
         sessions[1].backend.forget_trace = lambda: None       # the second keeps its trace across stores
+        kept.add(sessions[1].backend.traced.keys[0].data_ptr())
+    assert len(kept) == 1                                     # and its buffers: it placed each new fragment alone
     assert trace_alive == [False] * (len(texts) - 1) and answers[0] == answers[1]
 
 

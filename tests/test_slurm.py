@@ -8,6 +8,7 @@ under CI (CI=true), where that is a failure. Runs are on the tiny checkpoint, on
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -113,20 +114,23 @@ LONG_ANSWERS = 160      # tokens an answer decodes where a run must last: the sy
 SYNTHETIC_GROUPS = 100
 
 
-UNINTERRUPTED_GROUPS = 20   # the requeued run's: a requeue takes effect after cluster.sh's KillWait (5 s), and 6 more
+UNINTERRUPTED_GROUPS = 24   # the requeued run's: a requeue takes effect after cluster.sh's KillWait (5 s), and 6 more
                             # groups finished meanwhile here (up to 10 at CI's 0.83 s a group): some must be left
+OUTLASTED = 80              # seconds of groups that outlast a 1-minute try (its signal comes 25-55 s into it)
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, tiny_checkpoint) -> tuple[Path, int]:
+def uninterrupted(tmp_path_factory, tiny_checkpoint) -> tuple[Path, int, float]:
     """A sweep of UNINTERRUPTED_GROUPS groups of LONG_ANSWERS, run once for the module without a launcher: what a
-    requeued run must answer, and its prediction lines per group."""
+    requeued run must answer, its prediction lines per group, and its fastest group's seconds (the nearest to
+    this machine's speed unloaded: the module's first minutes ran twice as slow as its later runs on CI)."""
     folder = tmp_path_factory.mktemp("uninterrupted")
     done = memdefrag(folder, *sweep_args(tiny_checkpoint, folder / "plain", "method=memdefrag_top2",
                                          groups=UNINTERRUPTED_GROUPS, tokens=LONG_ANSWERS))
     assert done.returncode == 0, done.stderr
     lines = len((folder / "plain" / RUN / "predictions.jsonl").read_text().splitlines())
-    return folder / "plain", lines // UNINTERRUPTED_GROUPS
+    fastest = min(record["seconds"] for record in read_jsonl(folder / "plain" / RUN / "groups.jsonl"))
+    return folder / "plain", lines // UNINTERRUPTED_GROUPS, fastest
 
 
 def answered_the_same(a: Path, b: Path):
@@ -186,7 +190,7 @@ def test_the_documented_cpu_cluster_command_runs_as_written(tmp_path, tiny_check
 def test_a_requeued_job_resumes_with_every_line_once(tmp_path, tiny_checkpoint, uninterrupted):
     """`scontrol requeue` after the first group: the job runs again, keeps the groups it finished, and its run
     holds the lines of the uninterrupted run, each once, and answers as it did."""
-    plain, lines_per_group = uninterrupted
+    plain, lines_per_group, _ = uninterrupted
     groups, sweep = UNINTERRUPTED_GROUPS, tmp_path / "slurm"
     proc = subprocess.Popen([sys.executable, "-m", "harness", *sweep_args(
         tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, groups=groups, tokens=LONG_ANSWERS)], cwd=tmp_path,
@@ -212,17 +216,18 @@ SHORTEST = ["hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=5"]  
 def test_a_sweep_under_the_shortest_time_limit_ends_by_itself_through_requeues(tmp_path, tiny_checkpoint,
                                                                                uninterrupted):
     """A 1-minute limit on the synthetic set's 100 groups of long answers (52 of them took 43 s on CI's 2-core
-    Xeon): SLURM signals every try 5-35 s before its limit, each try finishes groups
-    and is requeued, uncounted, until the run ends by itself, with every group's lines once. The run's length is
-    not sized from a measured speed: a module's first minutes ran twice as slow as this run on CI, and a run that
-    ends inside its first try tests nothing. That a resumed run answers as the uninterrupted one is
+    Xeon): SLURM signals every try 5-35 s before its limit, each try finishes groups and is requeued, uncounted,
+    until the run ends by itself, with every group's lines once. A run that ends inside its first try tests
+    nothing: where the module's fastest group says 100 would take under OUTLASTED seconds, answers are longer
+    (about LONG_ANSWERS on CI). That a resumed run answers as the uninterrupted one is
     test_a_requeued_job_resumes_with_every_line_once's claim. SLURM holds each requeued try about two minutes
     (PENDING (BeginTime)); wait_releasing lets it start at once, as the holds would make up most of the wall time."""
-    _, lines_per_group = uninterrupted
+    _, lines_per_group, fastest = uninterrupted
+    tokens = max(LONG_ANSWERS, math.ceil(LONG_ANSWERS * OUTLASTED / (SYNTHETIC_GROUPS * fastest)))
     sweep = tmp_path / "slurm"
     proc = subprocess.Popen([sys.executable, "-m", "harness", *sweep_args(
         tiny_checkpoint, sweep, "method=memdefrag_top2", *ON_CPU, *SHORTEST, groups=SYNTHETIC_GROUPS,
-        tokens=LONG_ANSWERS)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        tokens=tokens)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job = job_of(sweep, proc)
     out, err = wait_releasing(proc, job, timeout=900)
     assert proc.returncode == 0, out + err
@@ -236,7 +241,8 @@ def test_a_sweep_under_the_shortest_time_limit_ends_by_itself_through_requeues(t
     per_group_lines = Counter(record["group"] for record in records)
     assert len(records) == SYNTHETIC_GROUPS * lines_per_group and set(per_group_lines.values()) == {lines_per_group}
     assert len(per_group_lines) == finished_groups(sweep / RUN) == SYNTHETIC_GROUPS
-    print(f"1-minute limit: {tries} requeues, resumed after {resumed} of {SYNTHETIC_GROUPS} groups: "
+    print(f"1-minute limit, answers of {tokens} tokens: {tries} requeues, resumed after {resumed} of "
+          f"{SYNTHETIC_GROUPS} groups: "
           f"{len(records)} lines, {seconds:.0f} s of groups")
 
 
