@@ -147,9 +147,7 @@ class KVPrefixBackend:
 
     def __init__(self, model):
         self.model = model
-        self.traced: Placed | None = None     # the last trace's placed memory, kept for the next question
-        self.last_prompt = torch.empty(0, dtype=torch.long, device="cpu")  # and its prompt, whose keys/values follow it,
-        self.last_rows: dict[int, torch.Tensor] = {}            # and rows
+        self.forget_trace()                    # no trace yet
         self.checked: tuple | None = None      # CacheBlend's check: (sink and fragments, layer, recomputed cache)
 
     def forget_trace(self) -> None:
@@ -157,8 +155,9 @@ class KVPrefixBackend:
         N_max, docs/gpu.md), so that they never sit beside a formation's forward. The next trace places the whole
         memory again: after an update that evicts (every fragment is cut then) it had to anyway; after one that
         evicts nothing it placed only the new fragment. Questions asked between two stores share one placement."""
-        self.traced, self.last_rows = None, {}
-        self.last_prompt = torch.empty(0, dtype=torch.long, device="cpu")
+        self.traced: Placed | None = None     # the last trace's placed memory, kept for the next question
+        self.last_prompt = torch.empty(0, dtype=torch.long, device="cpu")  # and its prompt, whose keys/values follow it,
+        self.last_rows: dict[int, torch.Tensor] = {}            # and rows
 
     @staticmethod
     def check(model_config) -> None:
