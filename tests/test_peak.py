@@ -53,12 +53,17 @@ def held_by_a_question(model, tokenizer, texts, question: str, tracer_layer: int
     return alive, terms
 
 
+def tiny_llama():
+    """The tiny random Llama of tests/conftest.py, seeded, with room for a few thousand positions."""
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(LlamaConfig(**{**COMMON, "max_position_embeddings": 4096})).eval()
+
+
 def question_on(model: str, tokens: int):
     """held_by_a_question on the tiny random Llama (traced at layer 1, word-salad fragments) or on SmolLM2 (float32,
     traced at its layer 18, NaturalQA's fragments), alone in this process."""
     if model == "tiny":
-        torch.manual_seed(0)
-        llama = AutoModelForCausalLM.from_config(LlamaConfig(**{**COMMON, "max_position_embeddings": 4096})).eval()
+        llama = tiny_llama()
         texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(12)) for i in range(40)]
         return held_by_a_question(llama, CharTokenizer(), texts, "where did the cat sit?", 1, tokens)
     smollm2, tokenizer = load(ModelSpec("smollm2", "smollm2"))
@@ -145,8 +150,7 @@ def test_the_traces_buffers_are_never_held_twice_when_a_longer_prompt_outgrows_t
                 self.old_dead.append(self.old() is None)
             return func(*args, **(kwargs or {}))
 
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(LlamaConfig(**{**COMMON, "max_position_embeddings": 4096})).eval()
+    model = tiny_llama()
     session = Session(model, tokenizer, KVPrefixBackend(model), MemDefrag(2, 1, "mean"), "shared_sink", "plain", 4)
     regrowths, allocate = [], kv_prefix.Placed._allocate
 
@@ -174,8 +178,7 @@ def test_a_store_forms_its_fragment_with_the_trace_gone(tokenizer):
     18.6 GB); the next question places the memory again and answers as a session that never forgot it."""
     import weakref
 
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(LlamaConfig(**{**COMMON, "max_position_embeddings": 4096})).eval()
+    model = tiny_llama()
     texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(4)) for i in range(6)]   # each within the spare room
     sessions = [Session(model, tokenizer, KVPrefixBackend(model), MemDefrag(2, 1, "mean"), "shared_sink", "plain", 4)
                 for _ in range(2)]
@@ -206,8 +209,7 @@ def test_a_fragment_forgetting_cuts_is_not_kept_alive_by_the_trace(tokenizer):
 
     from methods.forgetting import RandomForgetting
 
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(LlamaConfig(**{**COMMON, "max_position_embeddings": 4096})).eval()
+    model = tiny_llama()
     session = Session(model, tokenizer, KVPrefixBackend(model), MemDefrag(2, 1, "mean"), "shared_sink", "plain", 4,
                       forgetting=RandomForgetting(120))
     texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(12)) for i in range(12)]

@@ -112,8 +112,6 @@ def wait_releasing(proc: subprocess.Popen, job: str, timeout: int = 600) -> tupl
 
 LONG_ANSWERS = 160      # tokens an answer decodes where a run must last: the synthetic set has 100 groups of 3 updates
 SYNTHETIC_GROUPS = 100
-
-
 UNINTERRUPTED_GROUPS = 24   # the requeued run's: a requeue takes effect after cluster.sh's KillWait (5 s), and 6 more
                             # groups finished meanwhile here (up to 10 at CI's 0.83 s a group): some must be left
 OUTLASTED = 70              # seconds of groups that outlast a 1-minute try (its signal comes 25-55 s into it)
@@ -242,8 +240,7 @@ def test_a_sweep_under_the_shortest_time_limit_ends_by_itself_through_requeues(t
     assert len(records) == SYNTHETIC_GROUPS * lines_per_group and set(per_group_lines.values()) == {lines_per_group}
     assert len(per_group_lines) == finished_groups(sweep / RUN) == SYNTHETIC_GROUPS
     print(f"1-minute limit, answers of {tokens} tokens: {tries} requeues, resumed after {resumed} of "
-          f"{SYNTHETIC_GROUPS} groups: "
-          f"{len(records)} lines, {seconds:.0f} s of groups")
+          f"{SYNTHETIC_GROUPS} groups: {len(records)} lines, {seconds:.0f} s of groups")
 
 
 @on_slurm
