@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: setup setup-qwen25-coder-15b run test test-oldest regression-cache same-python
+.PHONY: setup setup-qwen25-coder-15b run test test-oldest regression-cache same-python gpu-pack
 setup: same-python $(VENV)/.installed
 
 # PYTHON= given for a .venv another interpreter built: make would find it up to date and do nothing; say so.
@@ -39,6 +39,16 @@ setup-qwen25-coder-15b: setup
 
 run: setup
 	$(BIN)/memdefrag experiment=main
+
+# What an offline GPU node lacks, in .gpu/ (docs/gpu.md): ../shared/gpu/pack.sh's wheels, data and tokenizer, then
+# pytest's wheels for the GPU tier, and memdefrag-bench's wrapper pointed at harness.measurement.benchmark (the
+# shared wrapper imports the module's old path, harness.benchmark; --tokenizer now does what it patched in).
+gpu-pack: setup
+	../shared/gpu/pack.sh
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux2014_x86_64 -d .gpu/whl pytest pluggy iniconfig packaging
+	printf 'import sys\nimport harness.measurement.benchmark as bench\nsys.argv[0] = "memdefrag-bench"\nsys.exit(bench.main())\n' \
+	  > .gpu/bench_with_tokenizer.py
 
 # one worker per core (pytest-xdist); the SLURM tests stay together on one worker (tests/conftest.py)
 test: setup

@@ -104,9 +104,9 @@ class EagerStep:
 class CapturedStep:
     """The step on fixed tensors (the last id, its position) over `fixed(cache)`: run as is on a CPU; on a GPU the
     first step runs on a side stream (warm-up), the second is captured as a CUDA graph (recorded, not run) and
-    every step from then on replays it. The graph is the read's: its cache is sized for this read only."""
-
-    pools: dict = {}                # device -> the graph memory pool every read's graph draws from in turn
+    every step from then on replays it. The graph is the read's: its cache is sized for this read only, and its
+    private memory pool goes with it (a pool shared across reads is freed with its last graph, and a later capture
+    into the freed pool fails inside torch's allocator)."""
 
     def __init__(self, model, cache, position: int, max_new_tokens: int):
         self.model, self.keyword = model, cache_keyword(model)
@@ -137,9 +137,8 @@ class CapturedStep:
                 self.forward()
             torch.cuda.current_stream(self.model.device).wait_stream(side)
         else:
-            pool = self.pools.setdefault(self.model.device, torch.cuda.graph_pool_handle())
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool):
+            with torch.cuda.graph(self.graph):
                 self.forward()
             self.graph.replay()
         return self.next.clone()

@@ -62,6 +62,18 @@ def test_a_cpu_load_leaves_the_environment_as_it_was_and_still_groups_sdpa_heads
     assert seen == ["1"] and dict(os.environ) == before
 
 
+def test_a_checkpoint_folder_loads_where_the_gguf_library_is_missing(tiny_checkpoint, monkeypatch):
+    """A GPU node may lack gguf (GGUF files only need it): a checkpoint folder is checked and loaded without it."""
+    import sys
+
+    from harness.models.loading import ModelSpec, _config_and_tokenizer, load
+
+    monkeypatch.setitem(sys.modules, "gguf", None)                  # `import gguf` raises ImportError
+    _config_and_tokenizer.cache_clear()
+    model, _ = load(ModelSpec("tiny", tiny_checkpoint, device="cpu"))
+    assert model.config.model_type == "llama"
+
+
 def _fake_split(tmp_path, monkeypatch, contents):
     """Part packages like the Qwen2.5-Coder ones (fake_part1..n, each data/partNN.bin) on sys.path, and the
     SplitGGUF that pins the sha256 of their joined content."""

@@ -44,7 +44,7 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
             fake_run(tmp_path / "r" / dataset / f"{job}_{method}", "Retention", method, steps, "informativeness",
                      {"threads": 1, "model": "llama31_8b", "device": "cuda:0", "dtype": "bfloat16",
                       "seconds": {"per_group": per_group}}, study="runtime", dataset=dataset)
-    for job, (method, mb) in enumerate((("none", 15 * 1024), ("memdefrag_top2", 19.73 * 1024))):
+    for job, (method, mb) in enumerate((("none", 15e9 / 2**20), ("memdefrag_top2", 19.73e9 / 2**20))):
         fake_run(tmp_path / "g" / f"{job}_{method}", "Retention", method, steps, "informativeness",
                  {"threads": 1, "model": "llama31_8b", "device": "cuda:0", "dtype": "bfloat16",
                   "peak_memory": {"cpu_rss_mb": 3000, "cuda_mb": mb}}, study="gpu_memory")

@@ -207,8 +207,14 @@ def _gguf_parsed_once():
     """transformers parses a GGUF's header (every metadata field, the whole vocabulary included) for the config,
     again for the tokenizer and again for the weights, and builds gguf's tensor-name map (every known name at every
     layer) afresh for each submodule: half of a first load. While this is open each is done once (per file, per
-    (architecture, layers)); nested, the outermost one serves and restores them."""
-    import gguf
+    (architecture, layers)); nested, the outermost one serves and restores them. Without the gguf library there is
+    nothing to share: a checkpoint folder loads without it (a GPU node may lack it), a GGUF file is refused by
+    transformers."""
+    try:
+        import gguf
+    except ImportError:
+        yield
+        return
 
     global _parsing_depth
     with _PARSING:

@@ -219,7 +219,7 @@ BEFORE_THE_SETTING = {"formation_batch": "solo"}     # what a run made before a 
 def runtime_section(runs) -> tuple[Section, Section]:
     """`tab:runtime` (seconds per group) and `tab:gpu-memory` (peak memory) from their experiments' runs only."""
     runtime = Section("tab:runtime", "Time per group (s)")
-    memory = Section("tab:gpu-memory", "Peak memory (GB)")
+    memory = Section("tab:gpu-memory", "Peak memory (GB, 10^9 bytes as the paper's)")
     seconds = study_table(runs, "runtime", lambda r: r.info.get("seconds", {}).get("per_group"))
     peaks = study_table(runs, "gpu_memory", lambda r: peak_gb(r.info.get("peak_memory", {})))
     for section, found, study in ((runtime, seconds, "runtime"), (memory, peaks, "gpu_memory")):
@@ -246,9 +246,10 @@ def runtime_section(runs) -> tuple[Section, Section]:
 
 
 def peak_gb(peak: dict) -> float | None:
-    """The CUDA allocator's peak where a GPU was used, else the process's peak RSS, in GB."""
+    """The CUDA allocator's peak where a GPU was used, else the process's peak RSS (both recorded in MiB), in GB
+    (10^9 bytes, the paper's unit)."""
     value = peak.get("cuda_mb", peak.get("cpu_rss_mb"))
-    return None if value is None else value / 1024
+    return None if value is None else value * 2**20 / 1e9
 
 
 INTERVALS = "Each accuracy with its 95 % Wilson interval over the questions at that step, in brackets."
