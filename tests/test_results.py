@@ -167,3 +167,21 @@ def test_a_run_written_before_a_setting_existed_resumes_at_its_default(tmp_path)
         assert resumed.done
     with pytest.raises(ConfigError, match=r"other settings \(memory_on\)"):
         ResultFolder(tmp_path, OmegaConf.merge(CFG, {"memory_on": "host"}))
+
+
+def test_a_config_reads_as_omegaconf_reads_it_and_a_duplicate_key_is_refused(tmp_path):
+    """read_config parses with libyaml under OmegaConf's rules: every committed config reads the same as through
+    OmegaConf.load (1e-3 a float, a date a string), and a duplicate key is one line naming the file."""
+    from pathlib import Path
+
+    from harness.results.folder import read_config
+
+    root = Path(__file__).resolve().parents[1]
+    configs = sorted(root.glob("results/**/config.yaml")) + sorted(root.glob("tests/testdata/**/config.yaml"))
+    assert configs and all(OmegaConf.to_container(read_config(c.parent)) == OmegaConf.to_container(OmegaConf.load(c))
+                           for c in configs)
+    (tmp_path / "config.yaml").write_text("rate: 1e-3\nwhen: 2026-11-27\n")
+    assert OmegaConf.to_container(read_config(tmp_path)) == {"rate": 1e-3, "when": "2026-11-27"}
+    (tmp_path / "config.yaml").write_text("rate: 1\nrate: 2\n")
+    with pytest.raises(ConfigError, match=r"config.yaml cannot be read \(while constructing a mapping\)"):
+        read_config(tmp_path)

@@ -76,14 +76,17 @@ def test_every_memdefrag_run_passes_preflight_and_reads_past_its_window_only_whe
             tokenizer.save_pretrained(folder)
             (folder / "model.safetensors").touch()
         line["model.source"] = str(folder)
+        runs = {}                                 # the line's own axes replace the experiment's: each run once
         for point in sweep_points(line["experiment"]):
             settings = {**dict(arg.split("=", 1) for arg in point), **line}
             for values in itertools.product(*(value.split(",") for value in settings.values())):
-                cfg = composed(*(f"{key}={value}" for key, value in zip(settings, values)))
-                spec, *_ = preflight(cfg)
-                config = check_source(spec)[0]
-                memory = cfg.model.memory_capacity or config.num_blocks * config.num_tokens
-                if memory > trained_window(config):
-                    beyond.add(shape)
-                    assert cfg.allow_beyond_window, call
+                runs[tuple(f"{key}={value}" for key, value in zip(settings, values))] = None
+        for run in runs:
+            cfg = composed(*run)
+            spec, *_ = preflight(cfg)
+            config = check_source(spec)[0]
+            memory = cfg.model.memory_capacity or config.num_blocks * config.num_tokens
+            if memory > trained_window(config):
+                beyond.add(shape)
+                assert cfg.allow_beyond_window, call
     assert beyond == {"memoryllm_8b"}

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from evals.distortion import accuracy_by_step, correlations, density_by_step
 from evals.probe import tracing_table
 from harness.errors import OneLineParser
 from harness.results.figures import accuracy_and_density, correlation_bars, density_heatmap
 from harness.plugins.contracts import declared_tables
-from harness.results.folder import read_jsonl
+from harness.results.folder import read_config, read_jsonl
 from harness.report.sections import with_bounds
 from methods.attention.tracing import QueryMode
 
@@ -25,7 +23,7 @@ def write_analysis(folder: str | Path, records: list[dict]) -> list[Path]:
     """The figures and tables of one run folder from its records (the caller has read them);
     returns what was written."""
     folder = Path(folder)
-    target = OmegaConf.load(folder / "config.yaml").task._target_
+    target = read_config(folder).task._target_
     tables = declared_tables(target)
     if "tab:retrieval_layers" in tables:
         out = folder / "tracing.md"
