@@ -98,8 +98,11 @@ class Retention:
         generator = torch.Generator().manual_seed(self.seed * 100_003 + group.index)
         texts = group.texts()
         target_id = None
+        stored: dict[str, float] = {}       # seconds per phase of every store since the last question
         for step in range(1, self.updates + 1):
             fid = session.store(texts[step - 1], reuse=step > 1)     # distractors recur in every group
+            for phase, spent in session.update_seconds.items():
+                stored[phase] = stored.get(phase, 0.0) + spent
             if step == 1:
                 target_id = fid
             if self.shuffle:
@@ -117,9 +120,10 @@ class Retention:
                 "target_tokens": session.memory.length_of(target_id),
                 "target_rank": rank_of(target_id, answer.densities), **answer.ranked(),
                 "target_position": ids.index(target_id) + 1 if target_id in ids else None,
-                "seconds": {**session.update_seconds, **answer.seconds}, **observed,
+                "seconds": {**stored, **answer.seconds}, **observed,
                 **({} if answer.read is None else {"target_read": target_id in answer.read}),
             }
+            stored = {}
 
     def observe(self, session, target_id: int, group: Group) -> dict:
         """Extra fields for a step's record, taken before the question is answered (none here)."""

@@ -6,12 +6,15 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 from harness.errors import ConfigError
-from harness.results.folder import ResultFolder
+from harness.results.folder import ResultFolder, read_config
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CFG = OmegaConf.create({"method": {"label": "vanilla"}, "task": {"groups": 3}, "threads": 1})
 
@@ -171,17 +174,44 @@ def test_a_run_written_before_a_setting_existed_resumes_at_its_default(tmp_path)
 
 def test_a_config_reads_as_omegaconf_reads_it_and_a_duplicate_key_is_refused(tmp_path):
     """read_config parses with libyaml under OmegaConf's rules: every committed config reads the same as through
-    OmegaConf.load (1e-3 a float, a date a string), and a duplicate key is one line naming the file."""
-    from pathlib import Path
-
-    from harness.results.folder import read_config
-
-    root = Path(__file__).resolve().parents[1]
-    configs = sorted(root.glob("results/**/config.yaml")) + sorted(root.glob("tests/testdata/**/config.yaml"))
-    assert configs and all(OmegaConf.to_container(read_config(c.parent)) == OmegaConf.to_container(OmegaConf.load(c))
+    OmegaConf.load, value types included (1e-3 a float, a date a string); a duplicate key or a file that is not a
+    mapping is one line naming the file."""
+    configs = sorted(ROOT.glob("results/**/config.yaml")) + sorted(ROOT.glob("tests/testdata/**/config.yaml"))
+    assert configs and all(OmegaConf.to_yaml(read_config(c.parent)) == OmegaConf.to_yaml(OmegaConf.load(c))
                            for c in configs)
     (tmp_path / "config.yaml").write_text("rate: 1e-3\nwhen: 2026-11-27\n")
-    assert OmegaConf.to_container(read_config(tmp_path)) == {"rate": 1e-3, "when": "2026-11-27"}
-    (tmp_path / "config.yaml").write_text("rate: 1\nrate: 2\n")
-    with pytest.raises(ConfigError, match=r"config.yaml cannot be read \(while constructing a mapping\)"):
-        read_config(tmp_path)
+    assert OmegaConf.to_yaml(read_config(tmp_path)) == "rate: 0.001\nwhen: '2026-11-27'\n"
+    for text, why in (("rate: 1\nrate: 2\n", "while constructing a mapping"),
+                      ("- a\n- b\n", "it holds a list, not a mapping of settings")):
+        (tmp_path / "config.yaml").write_text(text)
+        with pytest.raises(ConfigError, match=rf"config.yaml cannot be read \({why}"):
+            read_config(tmp_path)
+
+
+def test_a_runs_commit_says_where_its_code_was_modified(tmp_path):
+    """run.json's `git`: the checkout's commit, `<commit>-modified` once tracked code differs from it; a changed
+    result, test or doc leaves it plain (a run never runs them)."""
+    import importlib.util
+    import shutil
+
+    project = tmp_path / "project"
+    code = project / "harness" / "results" / "folder.py"
+    code.parent.mkdir(parents=True)
+    shutil.copy(ROOT / "harness" / "results" / "folder.py", code)
+    (project / "results").mkdir()
+    (project / "results" / "notes.md").write_text("a\n")
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(project), *args], capture_output=True, text=True, check=True).stdout
+
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    spec = importlib.util.spec_from_file_location("copied_folder", code)
+    copied = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copied)
+    head = git("rev-parse", "HEAD").strip()
+    (project / "results" / "notes.md").write_text("b\n")
+    assert copied.git_hash() == head
+    code.write_text(code.read_text() + "# changed\n")
+    assert copied.git_hash() == f"{head}-modified"

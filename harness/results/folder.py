@@ -44,9 +44,13 @@ from harness.errors import ConfigError
 PACKAGES = ("torch", "transformers", "hydra-core", "wandb", "memdefrag")
 
 
+NOT_CODE = (":(exclude)results", ":(exclude)tests", ":(exclude)docs", ":(exclude)*.md")   # what a run never runs
+
+
 def git_hash() -> str | None:
-    """The commit of the checkout this code runs from; None where the code is not a checkout's own (an installed
-    wheel, or an exported copy that lies inside some other repository, whose commit says nothing of it)."""
+    """The commit of the checkout this code runs from, `<commit>-modified` where its tracked code differs from that
+    commit (the run ran code no commit holds); None where the code is not a checkout's own (an installed wheel, or
+    an exported copy that lies inside some other repository, whose commit says nothing of it)."""
     here = Path(__file__).resolve()
     project = here.parents[2]
 
@@ -56,9 +60,10 @@ def git_hash() -> str | None:
     try:
         top, head = git("rev-parse", "--show-toplevel", "HEAD").split()
         git("ls-files", "--error-unmatch", str(here.relative_to(project)))      # this code is the checkout's
+        modified = git("status", "--porcelain", "--untracked-files=no", "--", ".", *NOT_CODE).strip()
     except (OSError, subprocess.CalledProcessError, ValueError):
         return None
-    return head if Path(top).resolve() == project else None
+    return head + ("-modified" if modified else "") if Path(top).resolve() == project else None
 
 
 def versions() -> dict[str, str | None]:
@@ -273,17 +278,29 @@ def flattened(node, prefix: str = "") -> dict:
     return {k: v for key, value in node.items() for k, v in flattened(value, f"{prefix}{key}.").items()}
 
 
-class ConfigLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader), get_yaml_loader()):
+def config_loader():
     """OmegaConf.load's YAML rules (floats such as 1e-3, no timestamps, a duplicate key refused) on libyaml's C
     parser where PyYAML has it: a report reads every run's config, and the pure-Python parser took most of its
-    time."""
+    time. The rules are OmegaConf's loader's own tables, pinned, so that nothing added to libyaml's loader
+    elsewhere shadows them."""
+    omega = get_yaml_loader()
+    if not hasattr(yaml, "CSafeLoader"):
+        return omega
+    return type("ConfigLoader", (yaml.CSafeLoader, omega), {
+        "yaml_implicit_resolvers": omega.yaml_implicit_resolvers, "yaml_constructors": omega.yaml_constructors})
+
+
+ConfigLoader = config_loader()
 
 
 def read_config(folder: Path):
-    """A run folder's config.yaml, or a ConfigError naming the file and why it cannot be read."""
+    """A run folder's config.yaml (a mapping), or a ConfigError naming the file and why it cannot be read."""
     path = Path(folder) / "config.yaml"
     try:
-        return OmegaConf.create(yaml.load(path.read_text(encoding="utf-8"), Loader=ConfigLoader) or {})
+        settings = yaml.load(path.read_text(encoding="utf-8"), Loader=ConfigLoader)
+        if settings is not None and not isinstance(settings, dict):
+            raise ValueError(f"it holds a {type(settings).__name__}, not a mapping of settings")
+        return OmegaConf.create(settings or {})
     except (OSError, ValueError, OmegaConfBaseException, yaml.YAMLError) as err:
         raise ConfigError(f"{path} cannot be read ({str(err).splitlines()[0] if str(err) else type(err).__name__})") \
             from None
