@@ -194,8 +194,8 @@ def distortion_section(root, runs) -> Section:
 
 
 def study_table(runs, study: str, value) -> tuple[pd.DataFrame, str] | None:
-    """Datasets as rows, methods as columns (in run order): value(run) of the runs of one experiment
-    (`study`) and of the released MemoryLLM baselines; and a caption naming model, device, dtype and
+    """Datasets as rows, methods as columns (baselines first, then by method): value(run) of the runs of one
+    experiment (`study`) and of the released MemoryLLM baselines; and a caption naming model, device, dtype and
     threads. None without such runs."""
     chosen = [r for r in runs if (r.study == study or r.baseline) and r.info]
     if not any(r.study == study for r in chosen):
@@ -205,7 +205,8 @@ def study_table(runs, study: str, value) -> tuple[pd.DataFrame, str] | None:
                                       f"{r.info.get('device')})", "method": label, "value": value(r)}
                           for r, label in zip(chosen, labels)])        # a CPU's and a GPU's runs on rows of their own
     table = frame.pivot_table(index="dataset", columns="method", values="value", aggfunc="max")
-    table = table[list(dict.fromkeys(labels))]
+    order = {label: (*baselines_first(r), label) for r, label in zip(chosen, labels)}
+    table = table[sorted(order, key=order.get)]          # the same columns whichever folder a run lies in
     table.columns.name = None
     setting = {key: sorted({str(r.info.get(key, BEFORE_THE_SETTING.get(key))) for r in chosen})
                for key in ("model", "device", "dtype", "threads", "groups", "decode", "formation_batch",
