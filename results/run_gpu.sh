@@ -60,10 +60,11 @@ checkpoint llama31_8b "$ckpt/llama31_8b"
 model="model=hf model.source=$ckpt/llama31_8b model.name=llama31_8b_random model.dtype=bfloat16
        model.tracer_layer=13 model.query_mode=last model.memory_capacity=12800"
 # tab:runtime: experiment=runtime sets reuse_formed=false, so each group forms (and is charged) every fragment it
-# reads, whatever job ran before it; decode=captured (CUDA's default)
+# reads, whatever job ran before it; decode=captured (CUDA's default); one process per job (hydra/launcher=local),
+# so that each pays its own warm-up (in one process the first job paid the process's: results/gpu/README.md)
 # shellcheck disable=SC2086
 memdefrag experiment=runtime $model task.groups=2 method=vanilla,memdefrag_top1,memdefrag_top2 \
-  task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime"
+  hydra/launcher=local task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime"
 # shellcheck disable=SC2086
 memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none hydra.sweep.dir="$out/gpu_memory"
 # shellcheck disable=SC2086
