@@ -220,7 +220,7 @@ BEFORE_THE_SETTING = {"formation_batch": "solo"}     # what a run made before a 
 def runtime_section(runs) -> tuple[Section, Section]:
     """`tab:runtime` (seconds per group) and `tab:gpu-memory` (peak memory) from their experiments' runs only."""
     runtime = Section("tab:runtime", "Time per group (s)")
-    memory = Section("tab:gpu-memory", "Peak memory (GB, 10^9 bytes as the paper's)")
+    memory = Section("tab:gpu-memory", "Peak memory (decimal GB, as the paper's)")
     seconds = study_table(runs, "runtime", lambda r: r.info.get("seconds", {}).get("per_group"))
     peaks = study_table(runs, "gpu_memory", lambda r: peak_gb(r.info.get("peak_memory", {})))
     for section, found, study in ((runtime, seconds, "runtime"), (memory, peaks, "gpu_memory")):
