@@ -9,6 +9,7 @@ substring of the output.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -98,11 +99,10 @@ class Retention:
         generator = torch.Generator().manual_seed(self.seed * 100_003 + group.index)
         texts = group.texts()
         target_id = None
-        stored: dict[str, float] = {}       # seconds per phase of every store since the last question
+        stored = Counter()                  # seconds per phase of every store since the last question
         for step in range(1, self.updates + 1):
             fid = session.store(texts[step - 1], reuse=step > 1)     # distractors recur in every group
-            for phase, spent in session.update_seconds.items():
-                stored[phase] = stored.get(phase, 0.0) + spent
+            stored.update(session.update_seconds)
             if step == 1:
                 target_id = fid
             if self.shuffle:
@@ -123,7 +123,7 @@ class Retention:
                 "seconds": {**stored, **answer.seconds}, **observed,
                 **({} if answer.read is None else {"target_read": target_id in answer.read}),
             }
-            stored = {}
+            stored = Counter()
 
     def observe(self, session, target_id: int, group: Group) -> dict:
         """Extra fields for a step's record, taken before the question is answered (none here)."""

@@ -5,6 +5,7 @@ This is the shared machinery every method uses; methods only choose the Plan.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -105,12 +106,11 @@ class Session:
     def store_all(self, texts, reuse: bool = False) -> tuple[list[int], dict[str, float]]:
         """Store each text in order; their ids and the seconds per phase of storing them all, summed.
         reuse: the texts recur (see Former.next_fragment)."""
-        ids, seconds = [], {}
+        ids, seconds = [], Counter()
         for text in texts:
             ids.append(self.store(text, reuse))
-            for phase, spent in self.update_seconds.items():
-                seconds[phase] = seconds.get(phase, 0.0) + spent
-        return ids, seconds
+            seconds.update(self.update_seconds)
+        return ids, dict(seconds)
 
     @torch.no_grad()
     def trace(self, view: LatentMemory, prompt_ids: torch.Tensor, layers: list[int]) -> dict[int, torch.Tensor]:

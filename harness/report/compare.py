@@ -28,7 +28,7 @@ from evals.stats import mcnemar
 from harness.errors import ConfigError, OneLineParser, stops_on_config_error
 from harness.results.paths import writable_file
 from harness.results.folder import ResultFolder, as_of_now, atomic_write, read_config, read_jsonl
-from harness.results.summary import run_folders
+from harness.results.summary import phase_totals, run_folders
 
 IDENTITY = ("group", "step", "position", "subset", "id", "layer")     # what names a question within a run
 TIMING = ("seconds",)
@@ -171,10 +171,7 @@ def metric_deltas(a: Path, b: Path, tolerance: Tolerance) -> list[dict]:
 def time_ratios(left, right) -> dict[str, float]:
     """B/A of the seconds summed over the questions both answered, per phase and in total."""
     def totals(records):
-        sums: dict[str, float] = {}
-        for record in records:
-            for phase, seconds in record.get("seconds", {}).items():
-                sums[phase] = sums.get(phase, 0.0) + seconds
+        sums = phase_totals(records)
         sums["total"] = sum(sums.values())
         return sums
     x, y = totals(left), totals(right)

@@ -7,6 +7,7 @@ final metrics lets an interrupted run count for the groups it finished.
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -21,6 +22,14 @@ from harness.results.folder import as_of_now, flattened, read_config, read_jsonl
 # settings a run's label already says, or that do not make it another run
 IMPLIED = ("method._target_", "method.k", "method.label", "forgetting", "compression", "task.dataset",
            "task.eval_steps", "task.groups", "shard", "threads", "logger", "resume", "study", "allow_beyond_window")
+
+
+def phase_totals(records) -> dict[str, float]:
+    """Seconds spent per phase (formation, forgetting, trace, prefill, decode, ...) over records, summed."""
+    totals = Counter()
+    for record in records:
+        totals.update(record.get("seconds", {}))
+    return dict(totals)
 
 
 def run_folders(*roots: str | Path) -> list[Path]:

@@ -25,6 +25,7 @@ from harness.models.loading import ModelSpec, check_source, load, one_line_cause
 from harness.plugins.contracts import (answer_budget, build, check_first_record, check_groups, check_record, checked,
                              metrics_table, prompt_positions, refused)
 from harness.results.folder import ResultFolder, flattened
+from harness.results.summary import phase_totals
 from methods.attention.decoder import num_layers
 from methods.compression.compressor import kept_count
 from methods.forgetting import CapacityError
@@ -195,15 +196,6 @@ def compression_summary(compressor, logs: list[dict]) -> dict:
     return {**compressor.describe(), "fragments": len(logs), "tokens": tokens, "kept": kept,
             "kept_share": kept / tokens if tokens else None, "seconds": sum(log["seconds"] for log in logs),
             "per_fragment": logs}
-
-
-def phase_totals(records: list[dict]) -> dict[str, float]:
-    """Seconds spent per phase (formation, forgetting, trace, defragment, generate, ...) over the run's records."""
-    totals: dict[str, float] = {}
-    for record in records:
-        for phase, seconds in record.get("seconds", {}).items():
-            totals[phase] = totals.get(phase, 0.0) + seconds
-    return totals
 
 
 def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgetting, compressor, groups,
