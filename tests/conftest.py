@@ -107,9 +107,13 @@ class CharTokenizer:
         return "".join(chr(97 + (i - 3) % 26) for i in ids if i > 2)
 
 
-def tiny_model(family: str):
+def tiny_model(family: str, **config):
+    """The family's tiny random model, seeded; `config` overrides its config's fields (e.g. a longer window)."""
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(FAMILIES[family]()).eval()
+    settings = FAMILIES[family]()
+    for name, value in config.items():
+        setattr(settings, name, value)
+    model = AutoModelForCausalLM.from_config(settings).eval()
     if family == "qwen2":                                     # make the biases matter
         for layer in model.model.layers:
             torch.nn.init.normal_(layer.self_attn.q_proj.bias, std=0.5)

@@ -9,7 +9,6 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from evals.retention import Retention
 from harness.measurement import peak
@@ -17,7 +16,7 @@ from harness.models.loading import ModelSpec, load
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.memdefrag import MemDefrag
 from methods.session import Session
-from tests.conftest import COMMON, CharTokenizer
+from tests.conftest import CharTokenizer, tiny_model
 
 WORDS = "the cat sat on a mat while quick brown foxes jumped over lazy dogs near old red barns".split()
 
@@ -54,9 +53,8 @@ def held_by_a_question(model, tokenizer, texts, question: str, tracer_layer: int
 
 
 def tiny_llama():
-    """The tiny random Llama of tests/conftest.py, seeded, with room for a few thousand positions."""
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(LlamaConfig(**{**COMMON, "max_position_embeddings": 4096})).eval()
+    """The tiny random Llama of tests/conftest.py with room for a few thousand positions."""
+    return tiny_model("llama", max_position_embeddings=4096)
 
 
 def question_on(model: str, tokens: int):
