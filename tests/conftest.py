@@ -34,14 +34,27 @@ import absl.logging  # noqa: E402
 absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 
+SLURM_MODULE = "tests/test_slurm.py"
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under `--dist loadgroup`, the tests that submit to the one SLURM cluster (its module) are one unit, run one
+    after another on one worker: they wait on its two CPUs and read its queue, which another worker's jobs would
+    change under them. xdist hands out its largest unit first, so they start at once, beside the rest. (xdist 3.8
+    names an `xdist_group` mark's group by rewriting `item._nodeid`, which pytest 9.2 no longer reads: the marked
+    tests went to both workers, the longest of them last, alone.)"""
+    from xdist.scheduler import LoadGroupScheduling
+
+    class SlurmOnOneWorker(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return SLURM_MODULE if nodeid.startswith(f"{SLURM_MODULE}::") else super()._split_scope(nodeid)
+
+    return SlurmOnOneWorker(config, log) if config.getvalue("dist") == "loadgroup" else None
+
+
 def pytest_collection_modifyitems(items):
-    """The tests that submit to the one SLURM cluster run one after another on one worker (`--dist loadgroup`):
-    they wait on its two CPUs and read its queue, which another worker's jobs would change under them. xdist hands
-    out that group first (its largest unit), then the tests in this order: the ones on the real models (`slow`)
-    first, so that the last minutes are short tests spread over both workers, not one long test on one."""
-    for item in items:
-        if item.get_closest_marker("slurm"):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+    """The tests on the real models (`slow`) first, so that the last minutes are short tests spread over both
+    workers, not one long test on one."""
     items.sort(key=lambda item: not item.get_closest_marker("slow"))
 
 COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

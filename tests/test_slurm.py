@@ -53,6 +53,18 @@ def slurm():
         pytest.skip(why)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_worker(tmp_path_factory):
+    """Under pytest-xdist this module's tests run on one worker (tests/conftest.py's scheduler): each worker that
+    starts them writes its name where all workers see it, and a second name fails them."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        seen = tmp_path_factory.getbasetemp().parent / "slurm-tests-worker"
+        with seen.open("a") as names:
+            names.write(f"{worker}\n")
+        assert set(seen.read_text().split()) == {worker}, f"the SLURM tests ran on workers {seen.read_text().split()}"
+
+
 def on_slurm(test):
     return pytest.mark.slurm(pytest.mark.usefixtures("slurm")(test))
 
