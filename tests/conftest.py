@@ -37,6 +37,7 @@ absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
 SLURM_MODULE = "tests/test_slurm.py"
 
 
+@pytest.hookimpl(optionalhook=True)        # xdist's hook: without xdist (-p no:xdist) there is none to implement
 def pytest_xdist_make_scheduler(config, log):
     """Under `--dist loadgroup`, the tests that submit to the one SLURM cluster (its module) are one unit, run one
     after another on one worker: they wait on its two CPUs and read its queue, which another worker's jobs would

@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import omegaconf._utils
 import pytest
+import yaml
 from omegaconf import OmegaConf
 
+import conf  # noqa: F401 - has OmegaConf parse with ConfigLoader
 from harness.errors import ConfigError
-from harness.results.folder import ResultFolder, read_config
+from harness.results.folder import ConfigLoader, OmegaConfLoader, ResultFolder, read_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -173,12 +176,18 @@ def test_a_run_written_before_a_setting_existed_resumes_at_its_default(tmp_path)
 
 
 def test_a_config_reads_as_omegaconf_reads_it_and_a_duplicate_key_is_refused(tmp_path):
-    """read_config parses with libyaml under OmegaConf's rules: every committed config reads the same as through
-    OmegaConf.load, value types included (1e-3 a float, a date a string); a duplicate key or a file that is not a
-    mapping is one line naming the file."""
+    """read_config and OmegaConf.load (Hydra's reads of conf/) parse with libyaml under OmegaConf's rules: every
+    committed run config and every shipped config file reads the same as under OmegaConf's own pure-Python loader,
+    value types included (1e-3 a float, a date a string); a duplicate key or a file that is not a mapping is one
+    line naming the file."""
+    def as_omegaconf_reads(path: Path) -> str:
+        return OmegaConf.to_yaml(OmegaConf.create(yaml.load(path.read_text(), Loader=OmegaConfLoader) or {}))
+
+    assert omegaconf._utils.get_yaml_loader() is ConfigLoader and OmegaConfLoader is not ConfigLoader
     configs = sorted(ROOT.glob("results/**/config.yaml")) + sorted(ROOT.glob("tests/testdata/**/config.yaml"))
-    assert configs and all(OmegaConf.to_yaml(read_config(c.parent)) == OmegaConf.to_yaml(OmegaConf.load(c))
-                           for c in configs)
+    assert configs and all(OmegaConf.to_yaml(read_config(c.parent)) == as_omegaconf_reads(c) for c in configs)
+    shipped = sorted(ROOT.glob("conf/**/*.yaml"))
+    assert shipped and all(OmegaConf.to_yaml(OmegaConf.load(c)) == as_omegaconf_reads(c) for c in shipped)
     (tmp_path / "config.yaml").write_text("rate: 1e-3\nwhen: 2026-11-27\n")
     assert OmegaConf.to_yaml(read_config(tmp_path)) == "rate: 0.001\nwhen: '2026-11-27'\n"
     for text, why in (("rate: 1\nrate: 2\n", "while constructing a mapping"),

@@ -7,6 +7,8 @@ conf/tracers.yaml, or MEMDEFRAG_TRACERS.
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 from pathlib import Path
 
@@ -41,8 +43,16 @@ def recorded() -> dict:
             return {}
         raise ConfigError(f"{where}: no such file (the recorded tracer layers); unset it for conf/tracers.yaml, or "
                           f"run memdefrag tracer-sweep to write it")
+    stat = path.stat()
+    return copy.deepcopy(_parsed(str(path), stat.st_mtime_ns, stat.st_size, where))
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(path: str, mtime_ns: int, size: int, where: str) -> dict:
+    """The file's table, parsed once per version of it: every model config's ${tracer:...} reads it, at each
+    resolution (hundreds in a sweep's preflight)."""
     try:
-        table = yaml.safe_load(path.read_text()) or {}
+        table = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as err:
         raise ConfigError(f"{where}: not readable YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):

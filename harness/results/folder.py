@@ -283,13 +283,14 @@ def config_loader():
     parser where PyYAML has it: a report reads every run's config, and the pure-Python parser took most of its
     time. The rules are OmegaConf's loader's own tables, pinned, so that nothing added to libyaml's loader
     elsewhere shadows them."""
-    omega = get_yaml_loader()
     if not hasattr(yaml, "CSafeLoader"):
-        return omega
-    return type("ConfigLoader", (yaml.CSafeLoader, omega), {
-        "yaml_implicit_resolvers": omega.yaml_implicit_resolvers, "yaml_constructors": omega.yaml_constructors})
+        return OmegaConfLoader
+    return type("ConfigLoader", (yaml.CSafeLoader, OmegaConfLoader), {
+        "yaml_implicit_resolvers": OmegaConfLoader.yaml_implicit_resolvers,
+        "yaml_constructors": OmegaConfLoader.yaml_constructors})
 
 
+OmegaConfLoader = get_yaml_loader()     # OmegaConf's own, taken before conf/ has OmegaConf use ConfigLoader instead
 ConfigLoader = config_loader()
 
 
