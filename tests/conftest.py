@@ -34,21 +34,19 @@ import absl.logging  # noqa: E402
 absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 
-SLURM_MODULE = "tests/test_slurm.py"
-
-
 @pytest.hookimpl(optionalhook=True)        # xdist's hook: without xdist (-p no:xdist) there is none to implement
 def pytest_xdist_make_scheduler(config, log):
-    """Under `--dist loadgroup`, the tests that submit to the one SLURM cluster (its module) are one unit, run one
+    """Under `--dist loadgroup`, the tests that submit to the one SLURM cluster (their module) are one unit, run one
     after another on one worker: they wait on its two CPUs and read its queue, which another worker's jobs would
-    change under them. xdist hands out its largest unit first, so they start at once, beside the rest. (xdist 3.8
-    names an `xdist_group` mark's group by rewriting `item._nodeid`, which pytest 9.2 no longer reads: the marked
-    tests went to both workers, the longest of them last, alone.)"""
+    change under them. xdist hands out its largest unit first, so they start at once, beside the rest. (xdist's
+    `xdist_group` mark does not group under pytest 9.2.)"""
     from xdist.scheduler import LoadGroupScheduling
+
+    module = Path(__file__).with_name("test_slurm.py").relative_to(config.rootpath).as_posix()
 
     class SlurmOnOneWorker(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return SLURM_MODULE if nodeid.startswith(f"{SLURM_MODULE}::") else super()._split_scope(nodeid)
+            return module if nodeid.startswith(f"{module}::") else super()._split_scope(nodeid)
 
     return SlurmOnOneWorker(config, log) if config.getvalue("dist") == "loadgroup" else None
 

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import omegaconf._utils
 import pytest
 import yaml
 from omegaconf import OmegaConf
@@ -175,15 +174,21 @@ def test_a_run_written_before_a_setting_existed_resumes_at_its_default(tmp_path)
         ResultFolder(tmp_path, OmegaConf.merge(CFG, {"memory_on": "host"}))
 
 
-def test_a_config_reads_as_omegaconf_reads_it_and_a_duplicate_key_is_refused(tmp_path):
+def test_a_config_reads_as_omegaconf_reads_it_and_a_duplicate_key_is_refused(tmp_path, monkeypatch):
     """read_config and OmegaConf.load (Hydra's reads of conf/) parse with libyaml under OmegaConf's rules: every
     committed run config and every shipped config file reads the same as under OmegaConf's own pure-Python loader,
     value types included (1e-3 a float, a date a string); a duplicate key or a file that is not a mapping is one
     line naming the file."""
     def as_omegaconf_reads(path: Path) -> str:
-        return OmegaConf.to_yaml(OmegaConf.create(yaml.load(path.read_text(), Loader=OmegaConfLoader) or {}))
+        return OmegaConf.to_yaml(OmegaConf.create(yaml.load(path.read_text(encoding="utf-8"),
+                                                            Loader=OmegaConfLoader) or {}))
 
-    assert omegaconf._utils.get_yaml_loader() is ConfigLoader and OmegaConfLoader is not ConfigLoader
+    loaders = []
+    real_load = yaml.load
+    monkeypatch.setattr(yaml, "load", lambda stream, Loader: loaders.append(Loader) or real_load(stream, Loader))
+    OmegaConf.load(ROOT / "conf" / "config.yaml")
+    monkeypatch.undo()
+    assert loaders == [ConfigLoader], loaders
     configs = sorted(ROOT.glob("results/**/config.yaml")) + sorted(ROOT.glob("tests/testdata/**/config.yaml"))
     assert configs and all(OmegaConf.to_yaml(read_config(c.parent)) == as_omegaconf_reads(c) for c in configs)
     shipped = sorted(ROOT.glob("conf/**/*.yaml"))

@@ -45,20 +45,17 @@ def sbatch_answers() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def slurm():
+def slurm(request, tmp_path_factory):
+    """SLURM answers, and under `--dist loadgroup` (make test) the tests that submit to it run on one worker
+    (tests/conftest.py's scheduler): each worker that starts them writes its name where all workers see it, and a
+    second name fails them."""
     why = sbatch_answers()
     if why and os.environ.get("CI") == "true":
         pytest.fail(f"SLURM did not start under CI: {why}")
     if why:
         pytest.skip(why)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_worker(tmp_path_factory):
-    """Under pytest-xdist this module's tests run on one worker (tests/conftest.py's scheduler): each worker that
-    starts them writes its name where all workers see it, and a second name fails them."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker:
+    if worker and request.config.getvalue("dist") == "loadgroup":
         seen = tmp_path_factory.getbasetemp().parent / "slurm-tests-worker"
         with seen.open("a") as names:
             names.write(f"{worker}\n")

@@ -43,17 +43,20 @@ def recorded() -> dict:
             return {}
         raise ConfigError(f"{where}: no such file (the recorded tracer layers); unset it for conf/tracers.yaml, or "
                           f"run memdefrag tracer-sweep to write it")
-    stat = path.stat()
-    return copy.deepcopy(_parsed(str(path), stat.st_mtime_ns, stat.st_size, where))
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"{where}: not readable YAML ({err})") from None
+    return copy.deepcopy(_parsed(text, where))
 
 
 @functools.lru_cache(maxsize=4)
-def _parsed(path: str, mtime_ns: int, size: int, where: str) -> dict:
-    """The file's table, parsed once per version of it: every model config's ${tracer:...} reads it, at each
-    resolution (hundreds in a sweep's preflight)."""
+def _parsed(text: str, where: str) -> dict:
+    """The table a text holds, parsed once: every model config's ${tracer:...} reads the file at each resolution
+    (hundreds in a sweep's preflight), and reading it is cheap where parsing is not."""
     try:
-        table = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as err:
+        table = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
         raise ConfigError(f"{where}: not readable YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
         raise ConfigError(f"{where}: must map model names to {{tracer_layer: ..., query_mode: ...}}")

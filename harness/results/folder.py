@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import inspect
 import json
 import os
 import platform
@@ -281,16 +282,17 @@ def flattened(node, prefix: str = "") -> dict:
 def config_loader():
     """OmegaConf.load's YAML rules (floats such as 1e-3, no timestamps, a duplicate key refused) on libyaml's C
     parser where PyYAML has it: a report reads every run's config, and the pure-Python parser took most of its
-    time. The rules are OmegaConf's loader's own tables, pinned, so that nothing added to libyaml's loader
-    elsewhere shadows them."""
+    time. The rules are copies of OmegaConf's loader's resolver and constructor tables: nothing added to one
+    loader reaches the other."""
     if not hasattr(yaml, "CSafeLoader"):
         return OmegaConfLoader
     return type("ConfigLoader", (yaml.CSafeLoader, OmegaConfLoader), {
-        "yaml_implicit_resolvers": OmegaConfLoader.yaml_implicit_resolvers,
-        "yaml_constructors": OmegaConfLoader.yaml_constructors})
+        "yaml_implicit_resolvers": {key: list(rules)
+                                    for key, rules in OmegaConfLoader.yaml_implicit_resolvers.items()},
+        "yaml_constructors": dict(OmegaConfLoader.yaml_constructors)})
 
 
-OmegaConfLoader = get_yaml_loader()     # OmegaConf's own, taken before conf/ has OmegaConf use ConfigLoader instead
+OmegaConfLoader = inspect.unwrap(get_yaml_loader)()     # OmegaConf's own, where conf/ has it use ConfigLoader
 ConfigLoader = config_loader()
 
 
