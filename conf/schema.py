@@ -24,13 +24,9 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 import yaml
-from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from hydra.utils import get_class
 from omegaconf import MISSING, SI, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from harness.errors import ConfigError
 from harness.models.loading import ModelSpec
@@ -158,27 +154,3 @@ def check_names() -> None:
         raise ConfigError(f"{path.relative_to(CONF.parent)} extends {given}, but its schema is named {expected} (the "
                           f"file's name + _schema) or after its _target_'s class: write `defaults: [{expected}, "
                           f"_self_]`")
-
-
-def check_booleans(config_name: str, args: list[str]) -> None:
-    """Refuse a command-line value other than true or false for a boolean option (OmegaConf would take 2 as
-    true), naming the key and the value: composed once, an option whose value came out a bool from another
-    literal is refused."""
-    parser = OverridesParser.create()
-    try:
-        overrides = parser.parse_overrides([a for a in args if not a.startswith("-")])
-    except HydraException:
-        return                                  # the composition reports a malformed override in one line
-    loose = [(o.key_or_group, value) for o in overrides if o.value_type is not None
-             for value in (o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()])
-             if str(value).lower() not in ("true", "false", "null")]
-    if not loose:
-        return
-    with initialize_config_module("conf", version_base="1.3"):
-        try:
-            cfg = compose(config_name, overrides=[o.input_line for o in overrides if not o.is_sweep_override()])
-        except (HydraException, OmegaConfBaseException, ValueError):
-            return                              # the composition reports it in one line
-    for key, value in loose:
-        if isinstance(OmegaConf.select(cfg, key, default=None), bool):
-            raise ConfigError(f"{key}={value}: {key} is a boolean option, it takes true or false")

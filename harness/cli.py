@@ -80,7 +80,6 @@ def tracer_sweep_command(argv: list[str]) -> None:
     with stops_on_config_error("memdefrag tracer-sweep"):
         tracer_layers.start_file()
         schema.check_names()
-        schema.check_booleans("tracer_sweep", argv)
         check_jobs("tracer_sweep", argv)
     sys.argv = [sys.argv[0], *argv]
     tracer_sweep()
@@ -123,7 +122,6 @@ def main() -> None:
     else:
         with stops_on_config_error("memdefrag"):
             schema.check_names()
-            schema.check_booleans("config", sys.argv[1:])
             check_jobs("config", sys.argv[1:])
         app()
 

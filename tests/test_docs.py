@@ -206,7 +206,7 @@ class Page:
         configs = []
         with initialize_config_module("conf", version_base="1.3"):
             try:
-                jobs = job_overrides(config_name, [*args, *self.searchpath])
+                jobs = job_overrides(config_name, [*args, *self.searchpath]).jobs
                 for job in jobs:
                     model = next((o.split("=", 1)[1] for o in job if o.startswith("model=")), None)
                     checkpoint = self.fixture(STAND_INS.get(model, "tiny_checkpoint"))

@@ -12,13 +12,14 @@ from __future__ import annotations
 import itertools
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.types import RunMode
-from omegaconf import OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.errors import ConfigError
@@ -69,24 +70,50 @@ def composed(config_name: str, overrides: list[str], hydra: bool = False):
         raise one_line(err) from None
 
 
-def job_overrides(config_name: str, args: list[str]) -> list[list[str]]:
-    """The overrides of every job `args` ask for: one for a run, one per point of a multirun."""
+class CommandLine(NamedTuple):
+    """A command line's overrides less its sweeps, those composed (with Hydra's config), and every job's overrides:
+    one for a run (its composition, unless it holds a sweep, which Hydra refuses without -m), one per point of a
+    multirun."""
+    lines: list[str]
+    composed: DictConfig
+    jobs: list[list[str]]
+
+
+def job_overrides(config_name: str, args: list[str]) -> CommandLine:
+    """Every job `args` ask for, its boolean options checked on the command line's composition."""
     overrides = [a for a in args if a not in RUN_FLAGS]
     parser = OverridesParser.create()
     try:
         parsed = parser.parse_overrides(overrides)
     except HydraException as err:
         raise one_line(err) from None
-    base = composed(config_name, [o.input_line for o in parsed if not o.is_sweep_override()], hydra=True)
+    lines = [o.input_line for o in parsed if not o.is_sweep_override()]
+    base = composed(config_name, lines, hydra=True)
+    check_booleans(loose_values(parsed), base)
     multirun = any(a in RUN_FLAGS for a in args) or base.hydra.mode == RunMode.MULTIRUN
     writable_folder("output folder", base.hydra.sweep.dir if multirun else base.hydra.run.dir)
     if not multirun:
-        return [overrides]
+        return CommandLine(lines, base, [overrides])
     given = {o.key_or_group for o in parsed}
     params = base.hydra.sweeper.params
     params = OmegaConf.to_container(params) if params else {}
-    lines = [f"{key}={value}" for key, value in params.items() if key not in given] + overrides
-    return expanded(parser.parse_overrides(lines))
+    return CommandLine(lines, base, expanded(parser.parse_overrides(
+        [f"{key}={value}" for key, value in params.items() if key not in given] + overrides)))
+
+
+def loose_values(parsed) -> list[tuple[str, str]]:
+    """(key, value) of every command-line value other than true, false or null (each of a sweep's)."""
+    return [(o.key_or_group, value) for o in parsed if o.value_type is not None
+            for value in (o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()])
+            if str(value).lower() not in ("true", "false", "null")]
+
+
+def check_booleans(loose: list[tuple[str, str]], cfg: DictConfig) -> None:
+    """Refuse a loose value given to a boolean option (OmegaConf would take 2 as true), naming the key and the
+    value: `cfg` is the command line composed, where such an option's value came out a bool."""
+    for key, value in loose:
+        if isinstance(OmegaConf.select(cfg, key, default=None), bool):
+            raise ConfigError(f"{key}={value}: {key} is a boolean option, it takes true or false")
 
 
 def expanded(parsed) -> list[list[str]]:
@@ -104,13 +131,16 @@ def expanded(parsed) -> list[list[str]]:
 
 
 def check_jobs(config_name: str, args: list[str]) -> None:
-    """Compose and preflight every job of the command line (none for an informational flag such as --help)."""
-    if any(a.startswith("-") and a not in RUN_FLAGS for a in args):
-        return
+    """Compose and preflight every job of the command line, a run's one composed once; for an informational flag
+    (--cfg, ...), which runs nothing, only its boolean values, and Hydra reports any other error itself."""
     with initialize_config_module("conf", version_base="1.3"):
-        jobs = job_overrides(config_name, args)
+        if any(a.startswith("-") and a not in RUN_FLAGS for a in args):
+            check_informational(config_name, [a for a in args if not a.startswith("-")])
+            return
+        line = job_overrides(config_name, args)
+        jobs = line.jobs
         for job in jobs:
-            cfg = composed(config_name, job, hydra=True)
+            cfg = line.composed if job == line.lines else composed(config_name, job, hydra=True)
             choices = dict(cfg.hydra.runtime.choices)
             with open_dict(cfg):
                 del cfg["hydra"]
@@ -118,3 +148,13 @@ def check_jobs(config_name: str, args: list[str]) -> None:
                 preflight(cfg, choices)
             except ConfigError as err:
                 raise ConfigError(f"{err} (job {' '.join(job)})" if len(jobs) > 1 else str(err)) from None
+
+
+def check_informational(config_name: str, args: list[str]) -> None:
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+        loose = loose_values(parsed)
+        cfg = compose(config_name, [o.input_line for o in parsed if not o.is_sweep_override()]) if loose else None
+    except (HydraException, OmegaConfBaseException, ValueError):
+        return                                  # Hydra reports it itself
+    check_booleans(loose, cfg)
