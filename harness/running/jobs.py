@@ -151,6 +151,7 @@ def check_jobs(config_name: str, args: list[str]) -> None:
 
 
 def check_informational(config_name: str, args: list[str]) -> None:
+    """An informational command's boolean values (it prints what it composes: 2 would print as true)."""
     try:
         parsed = OverridesParser.create().parse_overrides(args)
         loose = loose_values(parsed)
