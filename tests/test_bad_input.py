@@ -287,6 +287,7 @@ CASES = [
     (["model.trust_remote_code=2"], "model.trust_remote_code=2: model.trust_remote_code is a boolean option"),
     (["task=locomo", "task.trace_layers=2"], "task.trace_layers=2: task.trace_layers is a boolean option"),
     (["-m", "task.shuffle=true,0"], "task.shuffle=0: task.shuffle is a boolean option"),
+    (["--cfg", "job", "resume=2"], "resume=2: resume is a boolean option"),     # printed, it would read true
     (["-m", "model.device=cpu,meta"], "model.device='meta' is not a device this harness runs on: use auto, cpu, "
      "cuda or cuda:<index> (job model.device=meta"),
 ]

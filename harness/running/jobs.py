@@ -72,8 +72,8 @@ def composed(config_name: str, overrides: list[str], hydra: bool = False):
 
 class CommandLine(NamedTuple):
     """A command line's overrides less its sweeps, those composed (with Hydra's config), and every job's overrides:
-    one for a run (its composition, unless it holds a sweep, which Hydra refuses without -m), one per point of a
-    multirun."""
+    one for a run (the overrides as given: the composition's own unless a sweep is among them, which Hydra
+    refuses without -m), one per point of a multirun."""
     lines: list[str]
     composed: DictConfig
     jobs: list[list[str]]
@@ -140,7 +140,7 @@ def check_jobs(config_name: str, args: list[str]) -> None:
         line = job_overrides(config_name, args)
         jobs = line.jobs
         for job in jobs:
-            cfg = line.composed if job == line.lines else composed(config_name, job, hydra=True)
+            cfg = line.composed if jobs == [line.lines] else composed(config_name, job, hydra=True)
             choices = dict(cfg.hydra.runtime.choices)
             with open_dict(cfg):
                 del cfg["hydra"]
@@ -152,8 +152,13 @@ def check_jobs(config_name: str, args: list[str]) -> None:
 
 def check_informational(config_name: str, args: list[str]) -> None:
     """An informational command's boolean values (it prints what it composes: 2 would print as true)."""
+    parser, parsed = OverridesParser.create(), []
+    for arg in args:                            # a flag's value (--cfg job) is no override
+        try:
+            parsed += parser.parse_overrides([arg])
+        except HydraException:
+            pass
     try:
-        parsed = OverridesParser.create().parse_overrides(args)
         loose = loose_values(parsed)
         cfg = compose(config_name, [o.input_line for o in parsed if not o.is_sweep_override()]) if loose else None
     except (HydraException, OmegaConfBaseException, ValueError):
