@@ -150,3 +150,47 @@ def test_the_cuda_graph_answers_as_the_eager_loop_on_cuda(tokenizer, read):
     finally:
         CapturedStep.__call__ = real
     assert on_graph == answers(model, tokenizer, KVPrefixBackend, read, "eager") and any(captured)
+
+
+@pytest.mark.parametrize("mask", ["bool", "additive"])
+def test_one_decoded_token_per_key_value_head_is_attention_over_copied_heads(mask):
+    """methods/attention/grouped.py: the query heads of a key/value head as its rows give each head's output as
+    copying the keys and values per query head does (transformers' repeat_kv), under a mask with holes."""
+    from transformers.integrations.sdpa_attention import repeat_kv
+    from methods.attention.grouped import packed
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(*shape, generator=generator) for shape in ((1, 8, 1, 16), (1, 2, 9, 16),
+                                                                               (1, 2, 9, 16)))
+    seen = torch.tensor([True, True, False, True, True, True, False, True, True]).view(1, 1, 1, 9)
+    given = seen if mask == "bool" else torch.zeros(seen.shape).masked_fill(~seen, torch.finfo(torch.float).min)
+    copied = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, 4), repeat_kv(value, 4),
+                                                              attn_mask=given, scale=0.3).transpose(1, 2)
+    torch.testing.assert_close(packed(query, key, value, given, 0.3), copied)
+
+
+@pytest.mark.parametrize("read", sorted(READS))
+def test_grouped_decoding_gives_every_read_the_same_answers(tokenizer, monkeypatch, read):
+    """Decoding per key/value head where it applies (CUDA, here made to apply on the CPU): the same answers as the
+    model's own attention, on every read (APE's merged attention is left as it is), its one-token steps packed."""
+    from methods.attention import grouped
+    from tests.conftest import tiny_model
+    model = tiny_model("llama")
+    own = answers(model, tokenizer, KVPrefixBackend, read, "captured")
+    calls, real = [], grouped.packed
+    monkeypatch.setattr(grouped, "COPYING_DEVICES", {"cpu"})
+    monkeypatch.setattr(grouped, "packed", lambda *args: calls.append(args[0].shape) or real(*args))
+    assert answers(model, tokenizer, KVPrefixBackend, read, "captured") == own
+    assert bool(calls) == (read != "ape") and all(shape[2] == 1 for shape in calls)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_decoding_steps_are_grouped_and_answer_as_the_eager_loop(tokenizer, monkeypatch):
+    """On CUDA a read's one-token steps under a mask go per key/value head (no repeat_kv), captured or not."""
+    from methods.attention import grouped
+    from tests.conftest import tiny_model
+    model = tiny_model("llama").cuda()
+    calls, real = [], grouped.packed
+    monkeypatch.setattr(grouped, "packed", lambda *args: calls.append(args[0].shape) or real(*args))
+    assert answers(model, tokenizer, KVPrefixBackend, "vanilla", "captured") == \
+        answers(model, tokenizer, KVPrefixBackend, "vanilla", "eager") and calls
