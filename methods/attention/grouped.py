@@ -41,8 +41,13 @@ def packed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attentio
 
 @contextmanager
 def grouped_decoding(model):
-    """The model's one-token attention calls computed per key/value head where transformers would copy them
-    (`copies_heads`); every other call as the model makes it."""
+    """The model's one-token attention calls computed per key/value head where transformers' sdpa would copy them
+    (`copies_heads`); every other call as the model makes it, and every call of a model on another attention
+    implementation (eager's softmax is not sdpa's kernel)."""
+    if model.config._attn_implementation != "sdpa":
+        yield
+        return
+
     def wrap(inner, module, query, key, value, attention_mask, **kwargs):
         if copies_heads(module, query, attention_mask, kwargs):
             return packed(query, key, value, attention_mask, kwargs.get("scaling")), None
