@@ -168,17 +168,21 @@ def test_one_decoded_token_per_key_value_head_is_attention_over_copied_heads(mas
     torch.testing.assert_close(packed(query, key, value, given, 0.3), copied)
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("read", sorted(READS))
-def test_grouped_decoding_gives_every_read_the_same_answers(tokenizer, monkeypatch, read):
-    """Decoding per key/value head where it applies (CUDA, here made to apply on the CPU): the same answers as the
-    model's own attention, on every read (APE's merged attention is left as it is), its one-token steps packed."""
+def test_grouped_decoding_gives_every_read_the_same_answers(tokenizer, monkeypatch, family, read):
+    """Decoding per key/value head (methods/attention/grouped.py) stands aside on a CPU; made to apply there, it
+    gives every read (sliding windows included) the answers of the model's own attention, its one-token steps
+    packed (APE's merged attention is left as it is)."""
     from methods.attention import grouped
     from tests.conftest import tiny_model
-    model = tiny_model("llama")
-    own = answers(model, tokenizer, KVPrefixBackend, read, "captured")
+    model = tiny_model(family)
     calls, real = [], grouped.packed
-    monkeypatch.setattr(grouped, "COPYING_DEVICES", {"cpu"})
     monkeypatch.setattr(grouped, "packed", lambda *args: calls.append(args[0].shape) or real(*args))
+    own = answers(model, tokenizer, KVPrefixBackend, read, "captured")
+    assert not calls
+    monkeypatch.setattr(grouped, "PACKED_BY_TRANSFORMERS", False)
+    monkeypatch.setattr(grouped, "PACKING_DEVICES", {"cpu"})
     assert answers(model, tokenizer, KVPrefixBackend, read, "captured") == own
     assert bool(calls) == (read != "ape") and all(shape[2] == 1 for shape in calls)
 
@@ -186,11 +190,13 @@ def test_grouped_decoding_gives_every_read_the_same_answers(tokenizer, monkeypat
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_the_decoding_steps_are_grouped_and_answer_as_the_eager_loop(tokenizer, monkeypatch):
-    """On CUDA a read's one-token steps under a mask go per key/value head (no repeat_kv), captured or not."""
+    """On CUDA a captured step's one-token attention under its mask is packed per key/value head, here or by
+    transformers itself (pack_gqa), and answers as the eager loop."""
     from methods.attention import grouped
     from tests.conftest import tiny_model
     model = tiny_model("llama").cuda()
     calls, real = [], grouped.packed
     monkeypatch.setattr(grouped, "packed", lambda *args: calls.append(args[0].shape) or real(*args))
     assert answers(model, tokenizer, KVPrefixBackend, "vanilla", "captured") == \
-        answers(model, tokenizer, KVPrefixBackend, "vanilla", "eager") and calls
+        answers(model, tokenizer, KVPrefixBackend, "vanilla", "eager")
+    assert bool(calls) != grouped.PACKED_BY_TRANSFORMERS
