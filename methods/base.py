@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
-from methods.attention.grouped import grouped_decoding
 from methods.attention.parallel import parallel_attention
 from methods.errors import ConfigError, returned
 from methods.memory import LatentMemory
@@ -45,11 +45,10 @@ class Reading:
         return self.recompute_through >= 0 or (self.recompute is not None and len(self.recompute) > 0)
 
     def attention(self, model, memory: LatentMemory | None):
-        """What the prompt and the answer's tokens are read under: APE's merged attention where parallel, the
-        model's own otherwise (also with no latent memory), its one-token steps per key/value head where it
-        would copy them per query head (methods/attention/grouped.py)."""
+        """What the prompt and the answer's tokens are read under: APE's merged attention where parallel (the
+        model's own otherwise, also with no latent memory)."""
         if not self.parallel:
-            return grouped_decoding(model)
+            return nullcontext()
         first = memory.sink_length
         return parallel_attention(model, (first, first + memory.n_tokens), self.temperature, self.scale)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from methods.attention.decoder import num_layers
+from methods.attention.grouped import grouped_attention
 from methods.base import Method, Question, taken
 from methods.compression.compressor import Compression, NoCompression
 from methods.forgetting import Forgetting, NoForgetting
@@ -138,25 +139,27 @@ class Session:
         max_new_tokens = max_new_tokens or self.max_new_tokens
         device = self.model.device
         t0 = clock(device)
-        plan = taken(self.method.plan(self.memory, prompt_ids, self.backend, Question(question, frozenset(targets))),
-                     self.method, self.memory)
-        t1 = clock(device)
-        latent = plan.latent
-        with plan.reading.attention(self.model, latent), self.window.answering(max_new_tokens):
-            if latent is not None:
-                logits, cache, position = self.backend.prefill(latent, prompt_ids, room=max_new_tokens,
-                                                               logits_to_keep=1, reading=plan.reading)
-                memory_tokens = latent.prefix_length
-            else:
-                text_ids = torch.empty(0, dtype=torch.long, device="cpu") if plan.text_ids is None else plan.text_ids
-                if plan.text_ids is None:           # no memory read: the prompt whole, its header included
-                    prompt_ids = format_prompt(self.tokenizer, question, prompt or self.prompt)
-                logits, cache, position = self.text.prefill(text_ids, prompt_ids)
-                memory_tokens = len(text_ids)
-            t2 = clock(device)
-            self.window.decode()
-            new_ids = greedy(self.model, logits, cache, position, max_new_tokens, self.stop, decode=self.decode)
-            t3 = clock(device)
+        with grouped_attention(self.model):     # the trace's forward and the read's, on CUDA (grouped.py)
+            plan = taken(self.method.plan(self.memory, prompt_ids, self.backend,
+                                          Question(question, frozenset(targets))), self.method, self.memory)
+            t1 = clock(device)
+            latent = plan.latent
+            with plan.reading.attention(self.model, latent), self.window.answering(max_new_tokens):
+                if latent is not None:
+                    logits, cache, position = self.backend.prefill(latent, prompt_ids, room=max_new_tokens,
+                                                                   logits_to_keep=1, reading=plan.reading)
+                    memory_tokens = latent.prefix_length
+                else:
+                    text_ids = plan.text_ids if plan.text_ids is not None else \
+                        torch.empty(0, dtype=torch.long, device="cpu")
+                    if plan.text_ids is None:           # no memory read: the prompt whole, its header included
+                        prompt_ids = format_prompt(self.tokenizer, question, prompt or self.prompt)
+                    logits, cache, position = self.text.prefill(text_ids, prompt_ids)
+                    memory_tokens = len(text_ids)
+                t2 = clock(device)
+                self.window.decode()
+                new_ids = greedy(self.model, logits, cache, position, max_new_tokens, self.stop, decode=self.decode)
+                t3 = clock(device)
         recomputed = float(memory_tokens) if latent is None else \
             plan.reading.recomputed(latent.n_tokens, num_layers(self.model.config))     # text: every token runs
         dens = {} if plan.densities is None else dict(zip(self.memory.ids(), plan.densities.tolist()))

@@ -152,51 +152,90 @@ def test_the_cuda_graph_answers_as_the_eager_loop_on_cuda(tokenizer, read):
     assert on_graph == answers(model, tokenizer, KVPrefixBackend, read, "eager") and any(captured)
 
 
+def grouped_here(monkeypatch):
+    """methods/attention/grouped.py made to pack on the CPU; the shapes of the queries it packed."""
+    from methods.attention import grouped
+    calls, real = [], grouped.packed
+    monkeypatch.setattr(grouped, "packed", lambda *args: calls.append(tuple(args[0].shape)) or real(*args))
+    monkeypatch.setattr(grouped, "PACKING_DEVICES", {"cpu"})
+    return calls
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
 @pytest.mark.parametrize("mask", ["bool", "additive"])
-def test_one_decoded_token_per_key_value_head_is_attention_over_copied_heads(mask):
-    """methods/attention/grouped.py: the query heads of a key/value head as its rows give each head's output as
-    copying the keys and values per query head does (transformers' repeat_kv), under a mask with holes."""
+def test_attention_per_key_value_head_is_attention_over_copied_heads(mask, q_len):
+    """methods/attention/grouped.py: the query heads of a key/value head as its rows, each under its query's mask
+    row, give each head's output as copying the keys and values per query head does (transformers' repeat_kv)."""
     from transformers.integrations.sdpa_attention import repeat_kv
     from methods.attention.grouped import packed
     generator = torch.Generator().manual_seed(0)
-    query, key, value = (torch.randn(*shape, generator=generator) for shape in ((1, 8, 1, 16), (1, 2, 9, 16),
-                                                                               (1, 2, 9, 16)))
-    seen = torch.tensor([True, True, False, True, True, True, False, True, True]).view(1, 1, 1, 9)
+    query, key, value = (torch.randn(*shape, generator=generator) for shape in ((1, 8, q_len, 16), (1, 2, 9, 16),
+                                                                               (1, 2, 9, 12)))
+    seen = torch.rand(1, 1, q_len, 9, generator=generator) > 0.3
+    seen[..., 0] = True
     given = seen if mask == "bool" else torch.zeros(seen.shape).masked_fill(~seen, torch.finfo(torch.float).min)
     copied = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, 4), repeat_kv(value, 4),
                                                               attn_mask=given, scale=0.3).transpose(1, 2)
     torch.testing.assert_close(packed(query, key, value, given, 0.3), copied)
 
 
+def test_a_call_is_packed_only_where_packing_is_the_same_attention_in_less_memory():
+    """Not packed: what sdpa applies beside the mask (soft-capping, dropout, sinks), no mask (sdpa groups heads
+    itself then), or a prompt so long that its mask repeated per group outweighs the keys and values it saves."""
+    from types import SimpleNamespace
+    from methods.attention.grouped import packs
+    module = SimpleNamespace(num_key_value_groups=4)
+    key = torch.zeros(1, 2, 100, 16)
+    mask = torch.ones(1, 1, 5, 100, dtype=torch.bool)
+    assert packs(module, torch.zeros(1, 8, 5, 16), key, mask, {"scaling": 0.25})
+    assert not packs(module, torch.zeros(1, 8, 5, 16), key, None, {})
+    for applied in ({"softcap": 30.0}, {"dropout": 0.1}, {"s_aux": torch.zeros(8)}):
+        assert not packs(module, torch.zeros(1, 8, 5, 16), key, mask, applied)
+    assert not packs(SimpleNamespace(num_key_value_groups=1), torch.zeros(1, 2, 5, 16), key, mask, {})
+    long = torch.ones(1, 1, 200, 100, dtype=torch.bool)     # 4·200·100 bytes of mask against 2·6·100·16·4 of copies
+    assert not packs(module, torch.zeros(1, 8, 200, 16), key, long, {})
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("read", sorted(READS))
-def test_grouped_decoding_gives_every_read_the_same_answers(tokenizer, monkeypatch, family, read):
-    """Decoding per key/value head (methods/attention/grouped.py) stands aside on a CPU; made to apply there, it
-    gives every read (sliding windows included) the answers of the model's own attention, its one-token steps
-    packed (APE's merged attention is left as it is)."""
-    from methods.attention import grouped
+def test_grouped_attention_gives_every_read_the_same_answers(tokenizer, monkeypatch, family, read):
+    """A question's attention per key/value head (methods/attention/grouped.py) stands aside on a CPU; made to
+    apply there, it gives every read (sliding windows included) the answers of the model's own attention, its
+    prompts over a memory and its one-token steps packed (APE's merged attention is left as it is)."""
     from tests.conftest import tiny_model
     model = tiny_model(family)
-    calls, real = [], grouped.packed
-    monkeypatch.setattr(grouped, "packed", lambda *args: calls.append(args[0].shape) or real(*args))
     own = answers(model, tokenizer, KVPrefixBackend, read, "captured")
-    assert not calls
-    monkeypatch.setattr(grouped, "PACKED_BY_TRANSFORMERS", False)
-    monkeypatch.setattr(grouped, "PACKING_DEVICES", {"cpu"})
+    calls = grouped_here(monkeypatch)
     assert answers(model, tokenizer, KVPrefixBackend, read, "captured") == own
-    assert bool(calls) == (read != "ape") and all(shape[2] == 1 for shape in calls)
+    assert (read == "ape") != any(shape[2] == 1 for shape in calls)
+    assert read not in ("vanilla", "top2", "cacheblend") or any(shape[2] > 1 for shape in calls)  # a memory's prompt
+
+
+def test_a_trace_inside_grouped_attention_packs_the_layers_before_its_own(llama, tokenizer, monkeypatch):
+    """Attention wraps nest (tracing.attention_calls): a trace's forward inside grouped attention packs the layers
+    before the traced one, and its rows are the model's own."""
+    from methods.attention.grouped import grouped_attention
+    session = Session(llama, tokenizer, KVPrefixBackend(llama), Vanilla(), "shared_sink", "plain")
+    for text in FRAGMENTS:
+        session.store(text)
+    memory, prompt = session.memory, session.prompt_ids("where did the cat sit")
+    own = KVPrefixBackend(llama).attention_rows(memory, prompt, [2])
+    calls = grouped_here(monkeypatch)
+    with grouped_attention(llama):
+        rows = KVPrefixBackend(llama).attention_rows(memory, prompt, [2])
+    assert len(calls) == 2 and all(shape[2] == len(prompt) for shape in calls)
+    torch.testing.assert_close(rows[2], own[2])
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_on_cuda_the_decoding_steps_are_grouped_and_answer_as_the_eager_loop(tokenizer, monkeypatch):
-    """On CUDA a captured step's one-token attention under its mask is packed per key/value head, here or by
-    transformers itself (pack_gqa), and answers as the eager loop."""
+def test_on_cuda_a_questions_attention_is_grouped_and_answers_as_the_eager_loop(tokenizer, monkeypatch):
+    """On CUDA a question's masked attention (its prompt, its captured steps) is packed per key/value head, and
+    answers as the eager loop."""
     from methods.attention import grouped
     from tests.conftest import tiny_model
     model = tiny_model("llama").cuda()
     calls, real = [], grouped.packed
     monkeypatch.setattr(grouped, "packed", lambda *args: calls.append(args[0].shape) or real(*args))
     assert answers(model, tokenizer, KVPrefixBackend, "vanilla", "captured") == \
-        answers(model, tokenizer, KVPrefixBackend, "vanilla", "eager")
-    assert bool(calls) != grouped.PACKED_BY_TRANSFORMERS
+        answers(model, tokenizer, KVPrefixBackend, "vanilla", "eager") and calls

@@ -176,15 +176,15 @@ def recording_attention(model, layers: list[int], prompt_len: int):
 def attention_calls(model, wrap):
     """Every attention-function call of the model's layers goes through
     wrap(inner, module, query, key, value, attention_mask, **kwargs), `inner` being the function the model
-    would have called; the one way this project changes how attention is computed (tracing, recomputation,
-    parallel reading). Families computing attention inline (see `through_attention_functions`) are not
-    reached."""
+    would have called: the wrap already around it (so that wraps nest), else the model's own; the one way this
+    project changes how attention is computed (tracing, recomputation, parallel reading, grouped heads). Families
+    computing attention inline (see `through_attention_functions`) are not reached."""
     impl = model.config._attn_implementation
     had_local = impl in ALL_ATTENTION_FUNCTIONS._local_mapping
     previous = ALL_ATTENTION_FUNCTIONS._local_mapping.get(impl)
 
     def wrapped(module, *args, **kwargs):
-        return wrap(_inner(impl, module), module, *args, **kwargs)
+        return wrap(previous if had_local else _inner(impl, module), module, *args, **kwargs)
 
     ALL_ATTENTION_FUNCTIONS[impl] = wrapped
     try:
