@@ -1,14 +1,14 @@
 """A question's attention over grouped key/value heads on CUDA, without copying them per query head.
 
-With grouped-query attention (Llama-3.1-8B: 32 query heads over 8 key/value heads) and a mask, transformers' sdpa
-on CUDA copies every key and value once per query head (`repeat_kv`), because CUDA's kernel that takes a mask
-cannot group heads. A question reads under a mask: its trace runs the prompt over the placed memory (a copy of
-0.21 GB per layer at N_max on the 8B shape, the largest transient of the trace) and its captured decoding step
-reads a fixed-size cache (four copies of the read per token; transformers 5.17, a GPU node's, copies there too,
-later releases pack one-token queries themselves). Instead the query heads that share a key/value head stand as
-that head's rows, [b, heads, q, d] -> [b, kv_heads, group·q, d], each under its query's mask row: the same softmax
-over the same keys, on the stored keys and values as they are. The mask is repeated per group where it is more
-than one row, so a call is packed only where that repeat is smaller than the copies it saves.
+With grouped-query attention (Llama-3.1-8B: 32 query heads over 8 key/value heads) and a mask, transformers' sdpa on
+CUDA copies every key and value once per query head (`repeat_kv`), because CUDA's kernel that takes a mask cannot
+group heads. A question reads under a mask: its trace runs the prompt over the placed memory (a copy of 0.21 GB per
+layer at N_max on the 8B shape) and its captured decoding step reads a fixed-size cache (four copies of the read per
+token under transformers 5.17, a GPU node's; 5.24 packs one-token queries itself). Instead the query heads that
+share a key/value head stand as that head's rows, [b, heads, q, d] -> [b, kv_heads, group·q, d], each under its
+query's mask row: the same softmax over the same keys, on the stored keys and values as they are. A mask of more
+than one row is repeated per group, so a call is packed only where that repeat is smaller than the copies it saves
+(a prompt of up to 2,730 tokens on the 8B shape in bf16).
 """
 
 from __future__ import annotations
@@ -20,22 +20,25 @@ import torch
 from methods.attention.tracing import attention_calls
 
 # Where a question's attention is packed: CUDA, whose masked kernel cannot group heads. A CPU model keeps the
-# model's own path (grouped by transformers' sdpa there), on which its cached regression answers were made.
+# model's own path, on which its cached regression answers were made (harness/models/loading.py has transformers'
+# sdpa group heads there).
 PACKING_DEVICES = {"cuda"}
 
 
 def packs(module, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None, kwargs: dict) -> bool:
-    """Whether `packed` computes this call as transformers' sdpa does, in less memory: grouped key/value heads,
-    a mask every head shares, nothing else sdpa applies (soft-capping, attention sinks, a position bias, dropout),
-    and the mask repeated per group (beyond one query) smaller than the keys and values copied per query head."""
-    if getattr(module, "num_key_value_groups", 1) < 2 or attention_mask is None or attention_mask.dim() != 4 \
-            or attention_mask.shape[1] != 1 or attention_mask.shape[2] not in (1, query.shape[2]) \
-            or kwargs.get("s_aux") is not None or kwargs.get("position_bias") is not None \
-            or kwargs.get("softcap") or kwargs.get("dropout"):
+    """Whether `packed` computes this call as transformers' sdpa does, in less memory: grouped key/value heads on
+    a device of PACKING_DEVICES, a mask every head shares, nothing else sdpa applies (soft-capping, attention
+    sinks, a position bias, dropout), and the mask repeated per group (beyond one query row, in the query's
+    dtype) smaller than the keys and values repeat_kv copies for every query head."""
+    if getattr(module, "num_key_value_groups", 1) < 2 or query.device.type not in PACKING_DEVICES \
+            or attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[1] != 1 \
+            or attention_mask.shape[2] not in (1, query.shape[2]) \
+            or any(kwargs.get(name) is not None for name in ("softcap", "s_aux", "position_bias")) \
+            or kwargs.get("dropout"):
         return False
-    heads, q_len, kv_heads, kv_len, width = query.shape[1], query.shape[2], key.shape[1], key.shape[2], key.shape[3]
-    repeated = 0 if attention_mask.shape[2] == 1 else heads // kv_heads * q_len * kv_len * attention_mask.element_size()
-    return repeated < 2 * (heads - kv_heads) * kv_len * width * key.element_size()
+    heads, q_len, kv_heads, width = query.shape[1], query.shape[2], key.shape[1], key.shape[3]
+    more_rows = 0 if attention_mask.shape[2] == 1 else (heads // kv_heads - 1) * q_len * query.element_size()
+    return more_rows < 2 * heads * width * key.element_size()        # both per key position
 
 
 def packed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor,
@@ -46,8 +49,10 @@ def packed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attentio
     group = heads // kv_heads
     rows = query.reshape(batch, kv_heads, group * q_len, width)
     if attention_mask.shape[2] > 1:     # row g·q_len + t is query t of head g of the group: query t's mask row
-        attention_mask = attention_mask[..., -kv_len:].unsqueeze(2).expand(-1, -1, group, -1, -1) \
-            .reshape(attention_mask.shape[0], 1, group * q_len, kv_len)
+        repeated = attention_mask.unsqueeze(2).expand(-1, -1, group, -1, -1)
+        if repeated.dtype == torch.bool:  # made additive once, in the query's dtype, as sdpa would convert it
+            repeated = torch.where(repeated, query.new_zeros(()), query.new_full((), float("-inf")))
+        attention_mask = repeated.reshape(attention_mask.shape[0], 1, group * q_len, kv_len)
     out = torch.nn.functional.scaled_dot_product_attention(rows, key, value, attn_mask=attention_mask, scale=scaling)
     return out.reshape(batch, heads, q_len, value.shape[-1]).transpose(1, 2).contiguous()
 
@@ -57,7 +62,7 @@ def grouped_attention(model):
     """The model's attention calls computed per key/value head where `packs` says so: a model on sdpa, on a
     device of PACKING_DEVICES. Every other call as the model makes it; attention changed inside (a trace, a
     recomputation) wraps this one."""
-    if model.config._attn_implementation != "sdpa" or model.device.type not in PACKING_DEVICES:
+    if model.config._attn_implementation != "sdpa" or model.device.type not in PACKING_DEVICES:   # nothing to pack
         yield
         return
 
