@@ -3,7 +3,8 @@ runs as is on the same fixed tensors, so its answers can be held to the eager lo
 tiny family, for every backend and every kind of read (none, text, the whole memory, a Top-2 view, APE's parallel
 read, CacheBlend's recomputed one), and on the embedded models over the regression cache's experiments. The step
 traces whole under torch.compile(fullgraph=True): no branch on a device value, so no host sync inside what a GPU
-captures."""
+captures. A question's attention per key/value head on CUDA (methods/attention/grouped.py) is held here too: made
+to apply on the CPU, the same attention as copied heads and the same answers on every read."""
 
 import copy
 
@@ -152,13 +153,19 @@ def test_the_cuda_graph_answers_as_the_eager_loop_on_cuda(tokenizer, read):
     assert on_graph == answers(model, tokenizer, KVPrefixBackend, read, "eager") and any(captured)
 
 
-def grouped_here(monkeypatch):
-    """methods/attention/grouped.py made to pack on the CPU; the shapes of the queries it packed."""
+def packed_calls(monkeypatch) -> list:
+    """The shapes of the queries methods/attention/grouped.py packs from now on."""
     from methods.attention import grouped
     calls, real = [], grouped.packed
     monkeypatch.setattr(grouped, "packed", lambda *args: calls.append(tuple(args[0].shape)) or real(*args))
-    monkeypatch.setattr(grouped, "PACKING_DEVICES", {"cpu"})
     return calls
+
+
+def grouped_here(monkeypatch) -> list:
+    """methods/attention/grouped.py made to pack on the CPU; the shapes of the queries it packs."""
+    from methods.attention import grouped
+    monkeypatch.setattr(grouped, "PACKING_DEVICES", {"cpu"})
+    return packed_calls(monkeypatch)
 
 
 @pytest.mark.parametrize("q_len", [1, 3])
@@ -207,7 +214,9 @@ def test_grouped_attention_gives_every_read_the_same_answers(tokenizer, monkeypa
     prompts over a memory and its one-token steps packed (APE's merged attention is left as it is)."""
     from tests.conftest import tiny_model
     model = tiny_model(family)
+    calls = packed_calls(monkeypatch)
     own = answers(model, tokenizer, KVPrefixBackend, read, "captured")
+    assert not calls
     calls = grouped_here(monkeypatch)
     assert answers(model, tokenizer, KVPrefixBackend, read, "captured") == own
     assert (read == "ape") != any(shape[2] == 1 for shape in calls)

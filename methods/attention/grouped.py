@@ -28,8 +28,8 @@ PACKING_DEVICES = {"cuda"}
 def packs(module, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None, kwargs: dict) -> bool:
     """Whether `packed` computes this call as transformers' sdpa does, in less memory: grouped key/value heads on
     a device of PACKING_DEVICES, a mask every head shares, nothing else sdpa applies (soft-capping, attention
-    sinks, a position bias, dropout), and the mask repeated per group (beyond one query row, in the query's
-    dtype) smaller than the keys and values repeat_kv copies for every query head."""
+    sinks, a position bias, dropout), and the mask repeated per group (beyond one query row; a boolean one made
+    additive in the query's dtype) smaller than the keys and values repeat_kv copies for every query head."""
     if getattr(module, "num_key_value_groups", 1) < 2 or query.device.type not in PACKING_DEVICES \
             or attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[1] != 1 \
             or attention_mask.shape[2] not in (1, query.shape[2]) \
@@ -37,7 +37,8 @@ def packs(module, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.
             or kwargs.get("dropout"):
         return False
     heads, q_len, kv_heads, width = query.shape[1], query.shape[2], key.shape[1], key.shape[3]
-    more_rows = 0 if attention_mask.shape[2] == 1 else (heads // kv_heads - 1) * q_len * query.element_size()
+    entry = query.element_size() if attention_mask.dtype == torch.bool else attention_mask.element_size()
+    more_rows = 0 if attention_mask.shape[2] == 1 else (heads // kv_heads - 1) * q_len * entry
     return more_rows < 2 * heads * width * key.element_size()        # both per key position
 
 
