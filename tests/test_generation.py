@@ -256,8 +256,7 @@ def test_on_cuda_a_questions_attention_is_grouped_and_answers_as_without(tokeniz
                                                               attn_mask=mask).transpose(1, 2)
     torch.testing.assert_close(grouped.packed(query, key, value, mask), copied)
     model = tiny_model("llama").cuda()
-    calls, real = [], grouped.packed
-    monkeypatch.setattr(grouped, "packed", lambda *args: calls.append(args[0].shape) or real(*args))
+    calls = packed_calls(monkeypatch)
     packed_answers = answers(model, tokenizer, KVPrefixBackend, "top2", "captured")
     assert any(shape[2] == 1 for shape in calls) and any(shape[2] > 1 for shape in calls)
     monkeypatch.setattr(grouped, "PACKING_DEVICES", set())

@@ -197,7 +197,7 @@ def attention_calls(model, wrap):
 
 
 def _inner(impl: str, module):
-    """The attention function the model would have called without tracing."""
+    """The attention function the model calls where no wrap is installed."""
     if impl in ALL_ATTENTION_FUNCTIONS._global_mapping:
         return ALL_ATTENTION_FUNCTIONS._global_mapping[impl]
     return sys.modules[type(module).__module__].eager_attention_forward
