@@ -85,21 +85,30 @@ def test_runs_of_several_seeds_are_one_row_paired_question_by_question(tmp_path)
     assert "43.3 % against 30.0 %, +13.3 points (McNemar's exact p 0.0078, 60 questions)" in readme
 
 
-def test_a_retention_table_renders_its_claims_per_model(tmp_path):
-    """tab:retention_<model> (runs of a model other than the default) states its claims under it, and tab:retention
-    (the default model's, beside it) none of them: Top-1 against vanilla on the questions both answered at step 20
-    of 30 groups."""
+@pytest.mark.parametrize("table, forgetting, experiment", [("retention", "unbounded", "accuracy"),
+                                                           ("retention_comparison", "informativeness",
+                                                            "retention_comparison")])
+def test_a_retention_table_renders_its_claims_per_model(tmp_path, table, forgetting, experiment):
+    """tab:retention_<model> and tab:retention_comparison_<model> (runs of a model other than the default) state
+    their claims under them, and the default model's table beside each none of them, nor the other model's
+    answers: Top-1 against vanilla on the questions both answered at step 20 of 30 groups."""
     qwen = {"name": "qwen25_coder_05b"}
     for method, right in (("vanilla", 2), ("memdefrag_top1", 12)):
-        records = [{"group": g, "step": s, "correct": s == 1 or g < right} for g in range(30) for s in (1, 20)]
-        fake_run(tmp_path / "q" / method, "Retention", method, records, model=qwen)
-        fake_run(tmp_path / "s" / method, "Retention", method, records)
+        records = [{"group": g, "step": s, "correct": s == 1 or g < right, "target_rank": 1.0,
+                    "seconds": {"trace": 1.0}} for g in range(30) for s in (1, 20)]
+        fake_run(tmp_path / "q" / method, "Retention", method, records, forgetting, model=qwen)
+        fake_run(tmp_path / "s" / method, "Retention", method, [{**r, "correct": False} for r in records], forgetting)
+    bound = "" if forgetting == "unbounded" else f"+{forgetting}"      # a forgetting run's label names its policy
     (tmp_path / "claims.yaml").write_text(
-        "- {table: retention, model: qwen25_coder_05b, dataset: nqa, row: memdefrag_top1, against: vanilla,\n"
-        "   step: 20, says: higher, subject: MemDefrag Top-1 against vanilla}\n")
-    table = write(tmp_path).read_text().split("(`tab:retention_qwen25_coder_05b`)")[1].split("\n## ")[0]
+        f"- {{table: {table}, model: qwen25_coder_05b, dataset: nqa, row: memdefrag_top1{bound},\n"
+        f"   against: vanilla{bound}, step: 20, says: higher, subject: MemDefrag Top-1 against vanilla}}\n")
+    readme = write(tmp_path).read_text()
+    mine = readme.split(f"(`tab:{table}_qwen25_coder_05b`)")[1].split("\n## ")[0]
     assert ("- MemDefrag Top-1 against vanilla (qwen25_coder_05b, nqa, n = 20): 40.0 % against 6.7 %, +33.3 points "
-            "(McNemar's exact p 0.002, 30 questions): higher.") in table
+            "(McNemar's exact p 0.002, 30 questions): higher.") in mine
+    assert f"Command: `memdefrag experiment={experiment} model=qwen25_coder_05b`" in mine
+    default = readme.split(f"(`tab:{table}`)")[1].split("\n## ")[0]
+    assert "against vanilla" not in default and "| 0.0 [0.0, 11.4]" in default and "40.0" not in default
 
 
 def test_a_retention_claim_on_a_model_without_its_table_is_refused(tmp_path):

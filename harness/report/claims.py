@@ -45,7 +45,7 @@ def keyed(table: str, rows: Iterable[tuple[tuple[str, str, str], pd.DataFrame]])
 
 @dataclass(frozen=True)
 class Claim:
-    table: str            # the table's label without `tab:` (retention, rankers, peers, locomo)
+    table: str            # the table's label without `tab:` and its model (retention, rankers, locomo...)
     model: str
     dataset: str          # tab:locomo: the protocol its rows name (protocol=locomo)
     row: str              # the row's name in its table (a method or a ranker variant)
@@ -187,8 +187,8 @@ CATEGORIES = Pairing("category", ("sample_id", "question_index"), "f1", partial(
                      unlike="their runs sampled other questions (task.seed, task.categories or task.questions), so "
                             "their question_index names no common question", groups="sample_id",
                      counted="conversations")
-TABLES = {"retention": STEPS, "rankers": STEPS, "peers": STEPS,     # how each table's rows are compared
-          "locomo": CATEGORIES}
+TABLES = {"retention": STEPS, "retention_comparison": STEPS, "rankers": STEPS,   # how each table's rows compare
+          "peers": STEPS, "locomo": CATEGORIES}
 
 
 def read_claims(path: Path) -> list[Claim]:

@@ -34,22 +34,40 @@ from harness.results.summary import accuracy_table, complete_groups
 from methods.window import BEYOND_CELL, BEYOND_MARK
 
 
-def retention_section(root, runs, label, title, bounded, figures, model: str | None = None) -> Section:
-    """model: only that model's runs (None: any)."""
+def per_model(models: set[str], make) -> list[Section]:
+    """A table per model, the default model's first (drawn even without runs: it says what makes them), each other
+    model's after it: make(model, suffix) with suffix '' for the default model, else `_<model>` (its label's end)."""
+    return [make(model, "" if model == DEFAULT_MODEL else f"_{model}")
+            for model in sorted(models | {DEFAULT_MODEL}, key=lambda m: (m != DEFAULT_MODEL, m))]
+
+
+def retention_models(runs, bounded: bool) -> set[str]:
+    """The models with a retention table: unbounded memory (tab:retention) or with forgetting
+    (tab:retention_comparison, and the forgetting tables beside it)."""
     kind = "tab:retention_comparison" if bounded else "tab:retention"
-    chosen = [r for r in runs if kind in r.tables and model in (None, r.model)
-              and ((r.bounded == bounded and not r.study) or (bounded and r.baseline))]
+    return {r.model for r in runs if kind in r.tables and r.bounded == bounded and not r.study}
+
+
+def retention_section(root, runs, bounded, figures, model: str, suffix: str) -> Section:
+    """One model's tab:retention (unbounded memory) or tab:retention_comparison (with forgetting; the released
+    MemoryLLM and M+ checkpoints join the default model's), with its claims (claims.yaml's `retention` or
+    `retention_comparison`)."""
+    table = "retention_comparison" if bounded else "retention"
+    kind, on = f"tab:{table}", f" on {model}" if suffix else ""
+    label, title = kind + suffix, (f"Knowledge retention with forgetting{on}, accuracy (%) at steps 10..50" if bounded
+                                   else f"Knowledge retention{on}, accuracy (%) per update step (unbounded memory)")
+    chosen = [r for r in runs if kind in r.tables and ((r.model == model and r.bounded == bounded and not r.study)
+                                                       or (bounded and r.baseline and not suffix))]
+    command = COMMANDS[kind] + (f" model={model}" if suffix else "")
     if not chosen:
-        need = "memdefrag experiment=retention_comparison" if bounded else "memdefrag experiment=accuracy"
-        return Section(label, title, missing=f"no runs yet: {need}")
+        return Section(label, title, missing=f"no runs yet: {command}")
     records = step_records(sorted(chosen, key=baselines_first), label)
     figure = figures / f"{label.split(':')[1]}.png"
     accuracy_curves(accuracy_table(records), figure)
-    command = "" if model in (None, DEFAULT_MODEL) else f"memdefrag experiment=accuracy model={model}"
-    claims = "" if bounded else supported(root / "claims.yaml", "retention", keyed("retention", (
+    claims = supported(root / "claims.yaml", table, keyed(table, (
         (row, frame) for row, frame in complete_groups(records).groupby(["model", "dataset", "run"]))), model)
     return Section(label, title, step_table(records), figure=str(figure.relative_to(root)),
-                   after=INTERVALS + claims, command=command)
+                   after=INTERVALS + claims, command=command if suffix else "")
 
 
 def compression_section(root, runs, figures) -> tuple[Section, Section]:
@@ -118,16 +136,17 @@ def memoryllm_sections(root, runs, figures) -> list[Section]:
     return sections
 
 
-def bounded_step_section(runs, label: str, title: str, value: str) -> Section:
-    """A per-step table of the forgetting runs: mean `value` per question ('seconds': the update's
+def bounded_step_section(runs, label: str, title: str, value: str, model: str, suffix: str) -> Section:
+    """One model's per-step table of its forgetting runs: mean `value` per question ('seconds': the update's
     formation and forgetting plus the question's phases)."""
-    chosen = [r for r in runs if label in r.tables and r.bounded and not r.study]
+    chosen = [r for r in runs if label in r.tables and r.bounded and not r.study and r.model == model]
+    title += f" on {model}" if suffix else ""
     if not chosen:
-        return Section(label, title, missing="no runs yet: memdefrag experiment=forgetting_ablation")
+        return Section(label + suffix, title, missing="no runs yet: memdefrag experiment=forgetting_ablation")
     records = step_records(chosen, label)
     if value == "seconds":
         records["seconds"] = records["seconds"].map(lambda phases: sum(phases.values()))
-    return Section(label, title, step_table(records, value=value), after=MEANS)
+    return Section(label + suffix, title, step_table(records, value=value), after=MEANS)
 
 
 def probe_section(root, runs) -> Section:
@@ -507,23 +526,20 @@ def build(root: Path) -> list[Section]:
     runs = runs_under(root)
     figures = root / "figures"
     figures.mkdir(exist_ok=True)
-    retained = {r.model for r in runs if "tab:retention" in r.tables and not r.bounded and not r.study}
+    retained, compared = retention_models(runs, bounded=False), retention_models(runs, bounded=True)
     refuse_undrawn(root / "claims.yaml", "retention", retained)
+    refuse_undrawn(root / "claims.yaml", "retention_comparison", compared | {DEFAULT_MODEL})
     sections = [
-        retention_section(root, runs, "tab:retention", "Knowledge retention, accuracy (%) per update step "
-                          "(unbounded memory)", False, figures, DEFAULT_MODEL),
-        *(retention_section(root, runs, f"tab:retention_{model}", f"Knowledge retention on {model}, accuracy (%) "
-                            "per update step (unbounded memory)", False, figures, model)
-          for model in sorted(retained - {DEFAULT_MODEL})),
-        retention_section(root, runs, "tab:retention_comparison", "Knowledge retention with forgetting, "
-                          "accuracy (%) at steps 10..50", True, figures),
+        *per_model(retained, lambda model, suffix: retention_section(root, runs, False, figures, model, suffix)),
+        *per_model(compared, lambda model, suffix: retention_section(root, runs, True, figures, model, suffix)),
         # Where accuracy sits at the floor (a small model on NaturalQA/SQuAD) the target's rank still
         # shows whether forgetting kept what the question needs findable.
-        bounded_step_section(runs, "tab:forgetting_rank", "Knowledge retention with forgetting, mean density "
-                             "rank of the target (1 = first)", "target_rank"),
-        bounded_step_section(runs, "tab:forgetting_seconds", "Knowledge retention with forgetting, seconds per "
-                             "step (that update's formation and forgetting, the question's trace and answer)",
-                             "seconds"),
+        *per_model(compared, lambda model, suffix: bounded_step_section(
+            runs, "tab:forgetting_rank", "Knowledge retention with forgetting, mean density rank of the target "
+            "(1 = first)", "target_rank", model, suffix)),
+        *per_model(compared, lambda model, suffix: bounded_step_section(
+            runs, "tab:forgetting_seconds", "Knowledge retention with forgetting, seconds per step (that update's "
+            "formation and forgetting, the question's trace and answer)", "seconds", model, suffix)),
         *(longbench_section(root, runs, model)
           for model in [DEFAULT_MODEL, *sorted({r.model for r in runs if "tab:longbench" in r.tables} - {DEFAULT_MODEL})]),
         *locomo_sections(root, runs, figures),
