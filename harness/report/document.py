@@ -138,9 +138,9 @@ def memoryllm_sections(root, runs, figures) -> list[Section]:
 
 def bounded_step_section(runs, label: str, title: str, value: str, model: str, suffix: str) -> Section:
     """One model's per-step table of its forgetting runs: mean `value` per question ('seconds': the update's
-    formation and forgetting plus the question's phases)."""
+    formation and forgetting plus the question's phases); `title` names the model where it says {on}."""
     chosen = [r for r in runs if label in r.tables and r.bounded and not r.study and r.model == model]
-    title += f" on {model}" if suffix else ""
+    title = title.format(on=f" on {model}" if suffix else "")
     if not chosen:
         return Section(label + suffix, title, missing="no runs yet: memdefrag experiment=forgetting_ablation")
     records = step_records(chosen, label)
@@ -535,10 +535,10 @@ def build(root: Path) -> list[Section]:
         # Where accuracy sits at the floor (a small model on NaturalQA/SQuAD) the target's rank still
         # shows whether forgetting kept what the question needs findable.
         *per_model(compared, lambda model, suffix: bounded_step_section(
-            runs, "tab:forgetting_rank", "Knowledge retention with forgetting, mean density rank of the target "
+            runs, "tab:forgetting_rank", "Knowledge retention with forgetting{on}, mean density rank of the target "
             "(1 = first)", "target_rank", model, suffix)),
         *per_model(compared, lambda model, suffix: bounded_step_section(
-            runs, "tab:forgetting_seconds", "Knowledge retention with forgetting, seconds per step (that update's "
+            runs, "tab:forgetting_seconds", "Knowledge retention with forgetting{on}, seconds per step (that update's "
             "formation and forgetting, the question's trace and answer)", "seconds", model, suffix)),
         *(longbench_section(root, runs, model)
           for model in [DEFAULT_MODEL, *sorted({r.model for r in runs if "tab:longbench" in r.tables} - {DEFAULT_MODEL})]),
