@@ -91,33 +91,47 @@ def test_runs_of_several_seeds_are_one_row_paired_question_by_question(tmp_path)
 def test_a_retention_table_renders_its_claims_per_model(tmp_path, table, forgetting, experiment):
     """tab:retention_<model> and tab:retention_comparison_<model> (runs of a model other than the default) state
     their claims under them, and the default model's table beside each none of them, nor the other model's
-    answers: Top-1 against vanilla on the questions both answered at step 20 of 30 groups."""
+    answers: Top-1 against vanilla on the questions both answered at step 20 of 30 groups. The forgetting runs'
+    other tables (the target's rank, the seconds) are drawn per model too."""
     qwen = {"name": "qwen25_coder_05b"}
     for method, right in (("vanilla", 2), ("memdefrag_top1", 12)):
         records = [{"group": g, "step": s, "correct": s == 1 or g < right, "target_rank": 1.0,
                     "seconds": {"trace": 1.0}} for g in range(30) for s in (1, 20)]
         fake_run(tmp_path / "q" / method, "Retention", method, records, forgetting, model=qwen)
-        fake_run(tmp_path / "s" / method, "Retention", method, [{**r, "correct": False} for r in records], forgetting)
+        fake_run(tmp_path / "s" / method, "Retention", method, [{**r, "correct": False, "target_rank": 2.0}
+                                                                for r in records], forgetting)
     bound = "" if forgetting == "unbounded" else f"+{forgetting}"      # a forgetting run's label names its policy
     (tmp_path / "claims.yaml").write_text(
         f"- {{table: {table}, model: qwen25_coder_05b, dataset: nqa, row: memdefrag_top1{bound},\n"
         f"   against: vanilla{bound}, step: 20, says: higher, subject: MemDefrag Top-1 against vanilla}}\n")
     readme = write(tmp_path).read_text()
-    mine = readme.split(f"(`tab:{table}_qwen25_coder_05b`)")[1].split("\n## ")[0]
+
+    def section(label: str) -> str:
+        return readme.split(f"(`{label}`)")[1].split("\n## ")[0]
+
+    mine = section(f"tab:{table}_qwen25_coder_05b")
     assert ("- MemDefrag Top-1 against vanilla (qwen25_coder_05b, nqa, n = 20): 40.0 % against 6.7 %, +33.3 points "
             "(McNemar's exact p 0.002, 30 questions): higher.") in mine
     assert f"Command: `memdefrag experiment={experiment} model=qwen25_coder_05b`" in mine
-    default = readme.split(f"(`tab:{table}`)")[1].split("\n## ")[0]
-    assert "against vanilla" not in default and "| 0.0 [0.0, 11.4]" in default and "40.0" not in default
+    default = section(f"tab:{table}")
+    assert "against vanilla" not in default and "| 0.0 [0.0, 11.4]" in default and "| 30 " in default
+    if bound:
+        assert "| 1.00 [1.00, 1.00]" in section("tab:forgetting_rank_qwen25_coder_05b")
+        assert "| 2.00 [2.00, 2.00]" in section("tab:forgetting_rank") and "1.00" not in section("tab:forgetting_rank")
+        assert "Knowledge retention with forgetting on qwen25_coder_05b, seconds per step" in readme
 
 
-def test_a_retention_claim_on_a_model_without_its_table_is_refused(tmp_path):
-    """Checked nowhere otherwise: each model's retention table renders only its own model's claims."""
+@pytest.mark.parametrize("table, model, models", [("retention", "qwen25", ["smollm2"]),
+                                                  ("retention_comparison", "qwen25", []),
+                                                  ("retention_comparison", "smollm2", [])])
+def test_a_retention_claim_on_a_model_without_its_table_is_refused(tmp_path, table, model, models):
+    """Checked nowhere otherwise: each model's retention table renders only its own model's claims (the default
+    model's too, whose table is drawn without runs, checking none): here smollm2 has runs without forgetting."""
     fake_run(tmp_path / "s" / "vanilla", "Retention", "vanilla", [{"group": 0, "step": 20, "correct": True}])
-    refused = refusal(tmp_path, "- {table: retention, model: qwen25, dataset: nqa, row: memdefrag_top1, "
+    refused = refusal(tmp_path, f"- {{table: {table}, model: {model}, dataset: nqa, row: memdefrag_top1, "
                                 "against: vanilla, step: 20, says: higher, subject: Top-1 against vanilla}\n")
-    assert refused == ("claim 'Top-1 against vanilla': no run makes a tab:retention table for model 'qwen25' "
-                       "(the models with one: ['smollm2'])")
+    assert refused == (f"claim 'Top-1 against vanilla': no run makes a tab:{table} table for model {model!r} "
+                       f"(the models with one: {models})")
 
 
 def claim_lines(page: Path) -> list[str]:

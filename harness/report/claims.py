@@ -45,7 +45,7 @@ def keyed(table: str, rows: Iterable[tuple[tuple[str, str, str], pd.DataFrame]])
 
 @dataclass(frozen=True)
 class Claim:
-    table: str            # the table's label without `tab:` and its model (retention, rankers, locomo...)
+    table: str            # the table's label without `tab:` or its `_<model>` end (retention, rankers, locomo...)
     model: str
     dataset: str          # tab:locomo: the protocol its rows name (protocol=locomo)
     row: str              # the row's name in its table (a method or a ranker variant)

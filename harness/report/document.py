@@ -35,10 +35,18 @@ from methods.window import BEYOND_CELL, BEYOND_MARK
 
 
 def per_model(models: set[str], make) -> list[Section]:
-    """A table per model, the default model's first (drawn even without runs: it says what makes them), each other
-    model's after it: make(model, suffix) with suffix '' for the default model, else `_<model>` (its label's end)."""
-    return [make(model, "" if model == DEFAULT_MODEL else f"_{model}")
-            for model in sorted(models | {DEFAULT_MODEL}, key=lambda m: (m != DEFAULT_MODEL, m))]
+    """make(model) for each model, the default model's table first (drawn even without runs: it says what makes
+    them), each other model's after it."""
+    return [make(model) for model in sorted(models | {DEFAULT_MODEL}, key=lambda m: (m != DEFAULT_MODEL, m))]
+
+
+def of_model(label: str, model: str) -> tuple[str, str, str]:
+    """A table's label, the words its title names the model in, and the command that makes its runs, for `model`:
+    the default model's as they are, another model's with `_<model>`, ` on <model>` and `model=<model>`."""
+    command = COMMANDS[label]
+    if model == DEFAULT_MODEL:
+        return label, "", command
+    return f"{label}_{model}", f" on {model}", "; ".join(f"{c} model={model}" for c in command.split("; "))
 
 
 def retention_models(runs, bounded: bool) -> set[str]:
@@ -48,26 +56,26 @@ def retention_models(runs, bounded: bool) -> set[str]:
     return {r.model for r in runs if kind in r.tables and r.bounded == bounded and not r.study}
 
 
-def retention_section(root, runs, bounded, figures, model: str, suffix: str) -> Section:
+def retention_section(root, runs, bounded: bool, figures, model: str) -> Section:
     """One model's tab:retention (unbounded memory) or tab:retention_comparison (with forgetting; the released
     MemoryLLM and M+ checkpoints join the default model's), with its claims (claims.yaml's `retention` or
     `retention_comparison`)."""
     table = "retention_comparison" if bounded else "retention"
-    kind, on = f"tab:{table}", f" on {model}" if suffix else ""
-    label, title = kind + suffix, (f"Knowledge retention with forgetting{on}, accuracy (%) at steps 10..50" if bounded
-                                   else f"Knowledge retention{on}, accuracy (%) per update step (unbounded memory)")
-    chosen = [r for r in runs if kind in r.tables and ((r.model == model and r.bounded == bounded and not r.study)
-                                                       or (bounded and r.baseline and not suffix))]
-    command = COMMANDS[kind] + (f" model={model}" if suffix else "")
+    label, on, command = of_model(f"tab:{table}", model)
+    title = (f"Knowledge retention with forgetting{on}, accuracy (%) at steps 10..50" if bounded
+             else f"Knowledge retention{on}, accuracy (%) per update step (unbounded memory)")
+    chosen = [r for r in runs if f"tab:{table}" in r.tables
+              and ((r.model == model and r.bounded == bounded and not r.study)
+                   or (bounded and r.baseline and model == DEFAULT_MODEL))]
     if not chosen:
-        return Section(label, title, missing=f"no runs yet: {command}")
+        return Section(label, title, missing=f"no runs yet: {command}", command=command)
     records = step_records(sorted(chosen, key=baselines_first), label)
     figure = figures / f"{label.split(':')[1]}.png"
     accuracy_curves(accuracy_table(records), figure)
     claims = supported(root / "claims.yaml", table, keyed(table, (
         (row, frame) for row, frame in complete_groups(records).groupby(["model", "dataset", "run"]))), model)
     return Section(label, title, step_table(records), figure=str(figure.relative_to(root)),
-                   after=INTERVALS + claims, command=command if suffix else "")
+                   after=INTERVALS + claims, command=command)
 
 
 def compression_section(root, runs, figures) -> tuple[Section, Section]:
@@ -136,17 +144,17 @@ def memoryllm_sections(root, runs, figures) -> list[Section]:
     return sections
 
 
-def bounded_step_section(runs, label: str, title: str, value: str, model: str, suffix: str) -> Section:
+def bounded_step_section(runs, kind: str, title: str, value: str, model: str) -> Section:
     """One model's per-step table of its forgetting runs: mean `value` per question ('seconds': the update's
     formation and forgetting plus the question's phases); `title` names the model where it says {on}."""
-    chosen = [r for r in runs if label in r.tables and r.bounded and not r.study and r.model == model]
-    title = title.format(on=f" on {model}" if suffix else "")
+    label, on, command = of_model(kind, model)
+    chosen = [r for r in runs if kind in r.tables and r.bounded and not r.study and r.model == model]
     if not chosen:
-        return Section(label + suffix, title, missing="no runs yet: memdefrag experiment=forgetting_ablation")
+        return Section(label, title.format(on=on), missing=f"no runs yet: {command}", command=command)
     records = step_records(chosen, label)
     if value == "seconds":
         records["seconds"] = records["seconds"].map(lambda phases: sum(phases.values()))
-    return Section(label + suffix, title, step_table(records, value=value), after=MEANS)
+    return Section(label, title.format(on=on), step_table(records, value=value), after=MEANS, command=command)
 
 
 def probe_section(root, runs) -> Section:
@@ -472,6 +480,8 @@ COMMANDS = {
     "tab:retention": "memdefrag experiment=accuracy",
     "tab:retention_comparison": "memdefrag experiment=retention_comparison",
     "tab:forgetting": "memdefrag experiment=forgetting_ablation",
+    "tab:forgetting_rank": "memdefrag experiment=retention_comparison; memdefrag experiment=forgetting_ablation",
+    "tab:forgetting_seconds": "memdefrag experiment=forgetting_runtime; memdefrag experiment=retention_comparison",
     "tab:longbench": "memdefrag experiment=longbench",
     "tab:runtime": "memdefrag experiment=runtime",
     "tab:gpu-memory": "memdefrag experiment=gpu_memory",
@@ -528,20 +538,20 @@ def build(root: Path) -> list[Section]:
     figures.mkdir(exist_ok=True)
     retained, compared = retention_models(runs, bounded=False), retention_models(runs, bounded=True)
     refuse_undrawn(root / "claims.yaml", "retention", retained)
-    refuse_undrawn(root / "claims.yaml", "retention_comparison", compared | {DEFAULT_MODEL})
+    refuse_undrawn(root / "claims.yaml", "retention_comparison", compared)
     sections = [
-        *per_model(retained, lambda model, suffix: retention_section(root, runs, False, figures, model, suffix)),
-        *per_model(compared, lambda model, suffix: retention_section(root, runs, True, figures, model, suffix)),
+        *per_model(retained, lambda model: retention_section(root, runs, False, figures, model)),
+        *per_model(compared, lambda model: retention_section(root, runs, True, figures, model)),
         # Where accuracy sits at the floor (a small model on NaturalQA/SQuAD) the target's rank still
         # shows whether forgetting kept what the question needs findable.
-        *per_model(compared, lambda model, suffix: bounded_step_section(
+        *per_model(compared, lambda model: bounded_step_section(
             runs, "tab:forgetting_rank", "Knowledge retention with forgetting{on}, mean density rank of the target "
-            "(1 = first)", "target_rank", model, suffix)),
-        *per_model(compared, lambda model, suffix: bounded_step_section(
+            "(1 = first)", "target_rank", model)),
+        *per_model(compared, lambda model: bounded_step_section(
             runs, "tab:forgetting_seconds", "Knowledge retention with forgetting{on}, seconds per step (that update's "
-            "formation and forgetting, the question's trace and answer)", "seconds", model, suffix)),
-        *(longbench_section(root, runs, model)
-          for model in [DEFAULT_MODEL, *sorted({r.model for r in runs if "tab:longbench" in r.tables} - {DEFAULT_MODEL})]),
+            "formation and forgetting, the question's trace and answer)", "seconds", model)),
+        *per_model({r.model for r in runs if "tab:longbench" in r.tables},
+                   lambda model: longbench_section(root, runs, model)),
         *locomo_sections(root, runs, figures),
         *compression_section(root, runs, figures),
         rankers_section(root, runs, figures),
