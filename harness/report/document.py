@@ -49,11 +49,11 @@ def of_model(label: str, model: str) -> tuple[str, str, str]:
     return f"{label}_{model}", f" on {model}", "; ".join(f"{c} model={model}" for c in command.split("; "))
 
 
-def retention_models(runs, bounded: bool) -> set[str]:
-    """The models with a retention table: unbounded memory (tab:retention) or with forgetting
-    (tab:retention_comparison, and the forgetting tables beside it)."""
+def retention_run(run: Run, bounded: bool) -> bool:
+    """A run of tab:retention (unbounded memory) or of tab:retention_comparison (with forgetting), of any model
+    (a study's runs make tables of their own)."""
     kind = "tab:retention_comparison" if bounded else "tab:retention"
-    return {r.model for r in runs if kind in r.tables and r.bounded == bounded and not r.study}
+    return kind in run.tables and run.bounded == bounded and not run.study
 
 
 def retention_section(root, runs, bounded: bool, figures, model: str) -> Section:
@@ -64,9 +64,8 @@ def retention_section(root, runs, bounded: bool, figures, model: str) -> Section
     label, on, command = of_model(f"tab:{table}", model)
     title = (f"Knowledge retention with forgetting{on}, accuracy (%) at steps 10..50" if bounded
              else f"Knowledge retention{on}, accuracy (%) per update step (unbounded memory)")
-    chosen = [r for r in runs if f"tab:{table}" in r.tables
-              and ((r.model == model and r.bounded == bounded and not r.study)
-                   or (bounded and r.baseline and model == DEFAULT_MODEL))]
+    chosen = [r for r in runs if (retention_run(r, bounded) and r.model == model)
+              or (bounded and r.baseline and model == DEFAULT_MODEL and f"tab:{table}" in r.tables)]
     if not chosen:
         return Section(label, title, missing=f"no runs yet: {command}", command=command)
     records = step_records(sorted(chosen, key=baselines_first), label)
@@ -148,13 +147,14 @@ def bounded_step_section(runs, kind: str, title: str, value: str, model: str) ->
     """One model's per-step table of its forgetting runs: mean `value` per question ('seconds': the update's
     formation and forgetting plus the question's phases); `title` names the model where it says {on}."""
     label, on, command = of_model(kind, model)
+    title = title.format(on=on)
     chosen = [r for r in runs if kind in r.tables and r.bounded and not r.study and r.model == model]
     if not chosen:
-        return Section(label, title.format(on=on), missing=f"no runs yet: {command}", command=command)
+        return Section(label, title, missing=f"no runs yet: {command}", command=command)
     records = step_records(chosen, label)
     if value == "seconds":
         records["seconds"] = records["seconds"].map(lambda phases: sum(phases.values()))
-    return Section(label, title.format(on=on), step_table(records, value=value), after=MEANS, command=command)
+    return Section(label, title, step_table(records, value=value), after=MEANS, command=command)
 
 
 def probe_section(root, runs) -> Section:
@@ -536,7 +536,7 @@ def build(root: Path) -> list[Section]:
     runs = runs_under(root)
     figures = root / "figures"
     figures.mkdir(exist_ok=True)
-    retained, compared = retention_models(runs, bounded=False), retention_models(runs, bounded=True)
+    retained, compared = ({r.model for r in runs if retention_run(r, bounded)} for bounded in (False, True))
     refuse_undrawn(root / "claims.yaml", "retention", retained)
     refuse_undrawn(root / "claims.yaml", "retention_comparison", compared)
     sections = [
