@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -230,15 +231,21 @@ def tiny_run_config(checkpoint: str, *overrides: str, small_task: bool = True):
 EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "experiment").glob("*.yaml"))
 
 
-def sweep_points(experiment: str, keep_first: tuple[str, ...] = ()) -> list[list[str]]:
-    """The override lists of every run in an experiment's multirun; keys in `keep_first` keep only their
-    first value (a model axis, when the tiny checkpoint stands in for every model)."""
+@functools.lru_cache(maxsize=None)
+def swept(experiment: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """An experiment's sweep axes, (key, values) each, composed once per process (a composition takes about a
+    second, and several tests of a worker sweep the same experiment)."""
     from hydra import compose, initialize_config_module
 
     with initialize_config_module("conf", version_base="1.3"):
         sweep = compose("config", overrides=[f"experiment={experiment}"], return_hydra_config=True)
-    params = {key: str(values).split(",")[:1 if key in keep_first else None]
-              for key, values in sweep.hydra.sweeper.params.items()}
+    return tuple((key, tuple(str(values).split(","))) for key, values in sweep.hydra.sweeper.params.items())
+
+
+def sweep_points(experiment: str, keep_first: tuple[str, ...] = ()) -> list[list[str]]:
+    """The override lists of every run in an experiment's multirun; keys in `keep_first` keep only their
+    first value (a model axis, when the tiny checkpoint stands in for every model)."""
+    params = {key: values[:1 if key in keep_first else None] for key, values in swept(experiment)}
     assert params, f"experiment {experiment} sweeps nothing"
     return [[f"{k}={v}" for k, v in zip(params, values)] for values in itertools.product(*params.values())]
 

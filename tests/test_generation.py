@@ -86,7 +86,7 @@ def test_decode_defaults_to_the_device_and_refuses_an_unknown_one(llama, tokeniz
         Session(llama, tokenizer, KVPrefixBackend(llama), Vanilla(), "shared_sink", "plain", decode="graph")
 
 
-UPDATES, CAPACITY, ANSWER_TOKENS = 6, 600, 8     # the embedded models' runs below: updates, memory, answer at most
+UPDATES, CAPACITY, ANSWER_TOKENS = 6, 600, 4     # the embedded models' runs below: updates, memory, answer at most
 
 
 @pytest.mark.slow
@@ -96,10 +96,13 @@ def test_captured_answers_are_the_eager_ones_on_the_embedded_models(tmp_path, mo
     """Every regression-cache experiment's first point on the embedded model, one group, answers of at most
     ANSWER_TOKENS (a task's own budget too: LoCoMo's 50, LongBench's per subset): each question's answer is decoded
     both ways from the same read (the captured step on a copy of its prefilled cache), token for token the same,
-    so every record field scored from it is too. One run, not one per decode: the memory is formed and each read
-    prefilled once. As the regression cache's tiny form, contexts are cut to 200 tokens; a run of updates stops at
-    the 6th (the steps it asks at up to there, else the 6th) and holds at most 600 tokens, so that forgetting
-    cuts from about the 4th update on a 200-token set and the last questions read a memory forgetting has cut."""
+    so every record field scored from it is too. Four tokens are three steps, the first on the fixed cache as the
+    read left it, two on it grown (a CPU step reads every weight once, Gemma-3's 262k-row head alone 0.67 GB: at
+    8 tokens the steps were 40 % of this test's time). One run, not one per decode: the memory is formed and each
+    read prefilled once. As the regression cache's tiny form, contexts are cut to 200 tokens; a run of updates
+    stops at the 6th (the steps it asks at up to there, else the 6th) and holds at most 600 tokens, so that
+    forgetting cuts from about the 4th update on a 200-token set and the last questions read a memory forgetting
+    has cut."""
     if experiment in ("memoryllm_comparison", "mplus_comparison"):
         pytest.skip("MemoryLLM and M+ decode with their own model's generate, not methods/generation.py")
     if experiment in ("probe", "top_tracing_layer_summary"):

@@ -68,8 +68,8 @@ def memdefrag(*args, cwd):
 
 def test_cli_writes_a_self_describing_result_folder(tmp_path):
     out = tmp_path / "run"
-    done = memdefrag("method=memdefrag_top1", "task.groups=2", "task.updates=3", f"hydra.run.dir={out}",
-                     cwd=os.getcwd())
+    done = memdefrag("method=memdefrag_top1", "task.groups=2", "task.updates=3", "max_new_tokens=8",
+                     f"hydra.run.dir={out}", cwd=os.getcwd())
     assert done.returncode == 0, done.stderr[-2000:]
     assert "memdefrag_top1 on synthetic" in done.stdout
     records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
