@@ -232,7 +232,7 @@ EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "con
 
 
 @functools.lru_cache(maxsize=None)
-def swept(experiment: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def sweep_axes(experiment: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """An experiment's sweep axes, (key, values) each, composed once per process (a composition takes about a
     second, and several tests of a worker sweep the same experiment)."""
     from hydra import compose, initialize_config_module
@@ -245,7 +245,7 @@ def swept(experiment: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
 def sweep_points(experiment: str, keep_first: tuple[str, ...] = ()) -> list[list[str]]:
     """The override lists of every run in an experiment's multirun; keys in `keep_first` keep only their
     first value (a model axis, when the tiny checkpoint stands in for every model)."""
-    params = {key: values[:1 if key in keep_first else None] for key, values in swept(experiment)}
+    params = {key: values[:1 if key in keep_first else None] for key, values in sweep_axes(experiment)}
     assert params, f"experiment {experiment} sweeps nothing"
     return [[f"{k}={v}" for k, v in zip(params, values)] for values in itertools.product(*params.values())]
 

@@ -2,6 +2,8 @@
 builder's leftovers removed, a cache that cannot be written named in one line; on the real conversion of
 the embedded SmolLM2 too (kill -9 at three moments, a truncated and a zeroed checkpoint)."""
 
+import hashlib
+import mmap
 import os
 import subprocess
 import sys
@@ -265,3 +267,19 @@ def test_the_embedded_models_conversion_survives_kills_and_damage(own_cache):
         for name, tensor in reference.items():
             assert torch.equal(model.state_dict()[name], tensor), (damage, name)
         assert cache.intact(entry) and leftovers(own_cache / "models") == []
+
+
+def test_a_file_hashes_the_same_mapped_in_windows_empty_or_read_from_a_pipe(tmp_path, monkeypatch):
+    """digest_of maps a regular file a window at a time; an empty file, a pipe and a /proc file (size 0) are read."""
+    monkeypatch.setattr(cache, "WINDOW", mmap.ALLOCATIONGRANULARITY)
+    data = os.urandom(3 * mmap.ALLOCATIONGRANULARITY + 17)
+    (tmp_path / "f").write_bytes(data)
+    (tmp_path / "empty").write_bytes(b"")
+    assert cache.sha256(tmp_path / "f") == hashlib.sha256(data).hexdigest()
+    assert cache.sha256(tmp_path / "empty") == hashlib.sha256(b"").hexdigest()
+    read, write = os.pipe()
+    os.write(write, b"through a pipe")
+    os.close(write)
+    assert cache.sha256(Path(f"/proc/self/fd/{read}")) == hashlib.sha256(b"through a pipe").hexdigest()
+    os.close(read)
+    assert cache.sha256(Path("/proc/self/cmdline")) != hashlib.sha256(b"").hexdigest()

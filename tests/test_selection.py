@@ -101,6 +101,7 @@ def test_density_topk_best_last_latent_is_memdefrag_answer_for_answer(tmp_path, 
 
 @pytest.mark.slow
 def test_density_topk_best_last_latent_is_memdefrag_on_smollm2(tmp_path):
+    # answers of 8 tokens, not 32: the ranks compared are the same, the answers their first 8 tokens
     common = ["task.groups=3", "task.updates=6", "task.eval_steps=[2,6]", "max_new_tokens=8", "logger=none",
               "threads=1"]
     from hydra import compose, initialize_config_module

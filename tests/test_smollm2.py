@@ -68,6 +68,7 @@ def memdefrag(*args, cwd):
 
 def test_cli_writes_a_self_describing_result_folder(tmp_path):
     out = tmp_path / "run"
+    # answers of 8 tokens: what is tested is the folder a run writes, not its answers
     done = memdefrag("method=memdefrag_top1", "task.groups=2", "task.updates=3", "max_new_tokens=8",
                      f"hydra.run.dir={out}", cwd=os.getcwd())
     assert done.returncode == 0, done.stderr[-2000:]
