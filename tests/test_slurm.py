@@ -11,18 +11,21 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from submitit.core.utils import DelayedSubmission
 
 from harness.errors import ConfigError
 from harness.report.compare import compare, markdown
 from harness.results.folder import read_jsonl
-from harness.running.slurm import check_request
+from harness.running.slurm import Requeue, check_request
 from tests.conftest import refused, tiny_overrides
 from tests.test_docs import blocks, command_lines
 
@@ -383,3 +386,22 @@ def test_an_sbatch_refusing_without_a_word_is_still_one_line(monkeypatch):
     with pytest.raises(ConfigError, match=r"^SLURM refuses the request \(sbatch --test-only exited 1\): "
                                           r"hydra.launcher.partition=cpu "):
         check_request("#!/bin/bash\n", {"partition": "cpu", "timeout_min": 240, "signal_delay_s": 30})
+
+
+@pytest.mark.parametrize("exit_status", [-signal.SIGTERM, 1])
+def test_a_requeue_whose_scontrol_its_own_signal_ends_is_taken_and_another_failure_is_not(tmp_path, exit_status):
+    """SLURM's signal before the limit, a group finished since the try began: `scontrol requeue` killed by the
+    SIGTERM its requeue sends to every process of the job ends the try as a requeue does (SystemExit); scontrol
+    failing otherwise stays the job's error."""
+    groups = tmp_path / "groups.jsonl"
+
+    def requeue(countdown):
+        raise subprocess.CalledProcessError(exit_status, ["scontrol", "requeue", "7"])
+
+    env = SimpleNamespace(paths=None, global_rank=0, _requeue=requeue)
+    delayed = DelayedSubmission(print)
+    delayed.set_timeout(60, 3)
+    handler = Requeue(env, delayed, groups, {"timeout_min": 60, "signal_delay_s": 30})
+    groups.write_text('{"group": 0}\n')
+    with pytest.raises(SystemExit if exit_status == -signal.SIGTERM else subprocess.CalledProcessError):
+        handler.checkpoint_and_try_requeue(signal.SIGUSR2)

@@ -129,7 +129,14 @@ class Requeue(SignalHandler):
                             f"{self.params['timeout_min']}, less hydra.launcher.signal_delay_s="
                             f"{self.params['signal_delay_s']} s and up to {LOOK_S} s more, less loading the model); "
                             f"every try would end so: raise hydra.launcher.timeout_min")
-        super().checkpoint_and_try_requeue(signum, frame)
+        try:
+            super().checkpoint_and_try_requeue(signum, frame)
+        except subprocess.CalledProcessError as err:
+            if err.returncode != -signal.SIGTERM:
+                raise
+            # `scontrol requeue` ends the try by signalling every process of the job, itself too where it has not
+            # exited by then (seen on a loaded 2-core node): its request was taken, so the try ends as after one
+            self._exit()
 
 
 class Waiting(submitit_launcher.BaseSubmititLauncher):
