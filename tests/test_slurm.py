@@ -109,15 +109,23 @@ def finished_groups(run: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
+RELEASE_AFTER_S = 2     # seconds a requeued job is left held before wait_releasing lets it start
+
+
 def wait_releasing(proc: subprocess.Popen, job: str, timeout: int = 600) -> tuple[str, str]:
     """Wait for the submitting command; a requeued job, which SLURM holds two minutes before it may start again
-    (PENDING (BeginTime)), is let start at once."""
-    deadline = time.monotonic() + timeout
+    (PENDING (BeginTime)), is let start RELEASE_AFTER_S after it was first seen held: slurmd refuses to launch a
+    job in the second its previous try was killed (it compares the revoked credential's time in whole seconds).
+    Seen once under the full suite: released at first sight, the try was allocated 0.8 s after the requeue,
+    slurmd answered "Job credential revoked", and the job ended FAILED."""
+    deadline, held = time.monotonic() + timeout, None
     while proc.poll() is None:
         assert time.monotonic() < deadline, f"the sweep ended within {timeout} s"
         state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True).stdout
-        if state.strip() == "PENDING BeginTime":
+        held = (held or time.monotonic()) if state.strip() == "PENDING BeginTime" else None
+        if held and time.monotonic() >= held + RELEASE_AFTER_S:
             subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+            held = None
         time.sleep(1)
     return proc.communicate()
 
