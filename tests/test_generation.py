@@ -101,9 +101,8 @@ def test_captured_answers_are_the_eager_ones_on_the_embedded_models(tmp_path, mo
     8 tokens the steps were 40 % of this test's time). One run, not one per decode: the memory is formed and each
     read prefilled once. As the regression cache's tiny form, contexts are cut to 200 tokens; a run of updates
     stops at the 4th (the steps it asks at before there, and the 4th) and holds at most 400 tokens, so that
-    forgetting cuts from about the 3rd update on a 200-token set and a run with forgetting asks its last question
-    of a memory forgetting has cut (formation is most of these rows' time: 6 updates of 600 tokens took a third
-    more)."""
+    forgetting cuts whole 200-token fragments from about the 3rd update and every run asks at its last update
+    (formation is most of these rows' time: 6 updates into 600 tokens took a third more)."""
     if experiment in ("memoryllm_comparison", "mplus_comparison"):
         pytest.skip("MemoryLLM and M+ decode with their own model's generate, not methods/generation.py")
     if experiment in ("probe", "top_tracing_layer_summary"):

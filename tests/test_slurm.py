@@ -115,9 +115,8 @@ RELEASE_AFTER_S = 2     # seconds a requeued job is left held before wait_releas
 def wait_releasing(proc: subprocess.Popen, job: str, timeout: int = 600) -> tuple[str, str]:
     """Wait for the submitting command; a requeued job, which SLURM holds two minutes before it may start again
     (PENDING (BeginTime)), is let start RELEASE_AFTER_S after it was first seen held: slurmd refuses to launch a
-    job in the second its previous try was killed (it compares the revoked credential's time in whole seconds).
-    Seen once under the full suite: released at first sight, the try was allocated 0.8 s after the requeue,
-    slurmd answered "Job credential revoked", and the job ended FAILED."""
+    job in the second its previous try was killed (it compares the revoked credential's time in whole seconds:
+    "Job credential revoked", and the job ends FAILED)."""
     deadline, held = time.monotonic() + timeout, None
     while proc.poll() is None:
         assert time.monotonic() < deadline, f"the sweep ended within {timeout} s"
@@ -242,7 +241,8 @@ def test_a_sweep_under_the_shortest_time_limit_ends_by_itself_through_requeues(t
     make that an underestimate, so the run lasts at least as long). On a machine 3x slower than CI's, answers of
     LONG_ANSWERS gave 289 s of groups in 21 tries (11 min). That a resumed run answers as the uninterrupted one is
     test_a_requeued_job_resumes_with_every_line_once's claim. SLURM holds each requeued try about two minutes
-    (PENDING (BeginTime)); wait_releasing lets it start at once, as the holds would make up most of the wall time."""
+    (PENDING (BeginTime)); wait_releasing lets it start RELEASE_AFTER_S after it is first seen held, as the holds
+    would make up most of the wall time."""
     _, lines_per_group, fastest = uninterrupted
     tokens = math.ceil(LONG_ANSWERS * OUTLASTED / (SYNTHETIC_GROUPS * fastest))
     sweep = tmp_path / "slurm"
