@@ -204,30 +204,45 @@ _parsing_depth = 0
 
 @contextlib.contextmanager
 def _gguf_parsed_once():
-    """transformers parses a GGUF's header (every metadata field, the whole vocabulary included) for the config,
-    again for the tokenizer and again for the weights, and builds gguf's tensor-name map (every known name at every
-    layer) afresh for each submodule: half of a first load. While this is open each is done once (per file, per
-    (architecture, layers)); nested, the outermost one serves and restores them. Without the gguf library there is
-    nothing to share: a checkpoint folder loads without it (a GPU node may lack it), a GGUF file is refused by
-    transformers."""
+    """transformers reads a GGUF's header (every metadata field, the whole vocabulary included) for the config,
+    again for the tokenizer and again for the weights, each time opening the file and turning every field into
+    Python values, and builds gguf's tensor-name map (every known name at every layer) afresh for each submodule:
+    most of a first load. While this is open the file is opened once, its metadata turned into values once for the
+    config and the tokenizer (each caller gets its own copy) and each map built once (per (architecture, layers));
+    nested, the outermost one serves and restores them. Without the gguf library there is nothing to share: a
+    checkpoint folder loads without it (a GPU node may lack it), a GGUF file is refused by transformers."""
     try:
         import gguf
     except ImportError:
         yield
         return
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     global _parsing_depth
     with _PARSING:
         if _parsing_depth == 0:
-            originals = gguf.GGUFReader, gguf.get_tensor_name_map
-            gguf.GGUFReader, gguf.get_tensor_name_map = map(functools.lru_cache, originals)
+            originals = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint
+            gguf.GGUFReader, gguf.get_tensor_name_map = map(functools.lru_cache, originals[:2])
+            gguf_utils.load_gguf_checkpoint = _metadata_read_once(originals[2])
         _parsing_depth += 1
         try:
             yield
         finally:
             _parsing_depth -= 1
             if _parsing_depth == 0:
-                gguf.GGUFReader, gguf.get_tensor_name_map = originals
+                gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint = originals
+
+
+def _metadata_read_once(load_gguf_checkpoint):
+    """transformers' load_gguf_checkpoint whose metadata-only reads (no tensors: the config's and the tokenizer's)
+    are read once per file, each caller getting a copy of its own to change."""
+    read = functools.lru_cache(lambda path: load_gguf_checkpoint(path, return_tensors=False))
+
+    def loading(path, return_tensors=False, **kwargs):
+        if return_tensors or kwargs:
+            return load_gguf_checkpoint(path, return_tensors=return_tensors, **kwargs)
+        return copy.deepcopy(read(path))
+    return loading
 
 
 def _where(spec: ModelSpec) -> tuple[str, str | None, Path | None]:
