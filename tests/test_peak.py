@@ -6,9 +6,11 @@ import gc
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from evals.retention import Retention
 from harness.measurement import peak
@@ -99,10 +101,10 @@ def test_the_peak_is_the_largest_phase_docs_gpu_md_names_and_above_what_a_questi
 
 @pytest.mark.slow
 def test_the_formula_holds_smollm2_at_n_max():
-    """SmolLM2 in float32 past 12,800 NaturalQA memory tokens, traced at its layer 18 (docs/gpu.md): the N_max model
-    files gave when it was measured; SmolLM2's is now 7,680 (conf/model/smollm2.yaml), and this read of 12,959
-    tokens goes past its 8,192 trained positions (what storage it holds, not an answer)."""
-    alive, terms = in_a_fresh_process("smollm2", 12800)
+    """SmolLM2 in float32 at its N_max (conf/model/smollm2.yaml's memory_capacity) of NaturalQA memory tokens, traced
+    at its layer 18 (docs/gpu.md)."""
+    n_max = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "model" / "smollm2.yaml").memory_capacity
+    alive, terms = in_a_fresh_process("smollm2", n_max)
     formula = peak.live(terms) - terms["weights"]
     print(f"SmolLM2 at N_max: alive {alive / 1e6:.1f} MB, formula {formula / 1e6:.1f} MB (weights aside); memory "
           f"{terms['memory'] / 1e6:.1f} MB, trace {terms['trace'] / 1e6:.1f} MB, weights {terms['weights'] / 1e6:.1f} "
