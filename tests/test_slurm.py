@@ -133,7 +133,7 @@ LONG_ANSWERS = 160      # tokens an answer decodes where a run must last: the sy
 SYNTHETIC_GROUPS = 100
 UNINTERRUPTED_GROUPS = 24   # the requeued run's: a requeue takes effect after cluster.sh's KillWait (5 s), and 6 more
                             # groups finished meanwhile here (up to 10 at CI's 0.83 s a group): some must be left
-OUTLASTED = 90              # seconds of groups that outlast a 1-minute try twice over (its signal comes 25-55 s
+OUTLASTED = 60              # seconds of groups that outlast a 1-minute try (its signal comes 25-55 s
                             # into it, 10 s or more of which start the run)
 
 
