@@ -1,28 +1,26 @@
 """`memdefrag collect`: runs copied under the labels their tables print, the report rebuilt, another run's
 results never overwritten."""
 
-import subprocess
-import sys
-
 import pytest
 
 from harness.report.collect import collect
 from harness.errors import ConfigError
 from harness.results.folder import folder_name
+from tests.conftest import command
 from tests.test_report import fake_run
 
 STEPS = [{"group": 0, "step": s, "correct": s == 1, "target_rank": 1, "seconds": {"formation": 0.5}} for s in (1, 5)]
 
 
-def test_runs_land_under_their_table_labels_and_the_report_is_rebuilt(tmp_path):
+def test_runs_land_under_their_table_labels_and_the_report_is_rebuilt(tmp_path, monkeypatch, capsys):
     sweep = tmp_path / "sweep"
     fake_run(sweep / "0", "Retention", "vanilla", STEPS, dataset="nqa")
     fake_run(sweep / "1", "Retention", "memdefrag_top2", STEPS, "informativeness", dataset="nqa")
     fake_run(sweep / "2", "Retention", "memdefrag_top2", STEPS, "informativeness", dataset="squad",
              compression={"label": "self_information", "rate": 0.5})
     results = tmp_path / "results"
-    out = subprocess.run([sys.executable, "-m", "harness", "collect", str(sweep), "retention", "--into",
-                          str(results)], capture_output=True, text=True, check=True).stdout
+    code, out, err = command(["memdefrag", "collect", sweep, "retention", "--into", results], monkeypatch, capsys)
+    assert code == 0, err
     assert sorted(p.relative_to(results / "retention").as_posix() for p in (results / "retention").glob("*/*")) == [
         "nqa/memdefrag_top2+informativeness", "nqa/vanilla", "squad/memdefrag_top2+informativeness+self_information@0.5"]
     assert (results / "retention" / "nqa" / "vanilla" / "predictions.jsonl").read_text() == \
@@ -78,7 +76,7 @@ def test_shards_of_one_run_are_sent_to_merge(tmp_path):
         collect(tmp_path / "sweep", "retention", tmp_path / "results")
 
 
-def test_nothing_to_collect_is_one_clear_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "harness", "collect", str(tmp_path), "retention"],
-                          capture_output=True, text=True, cwd=tmp_path)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "holds no run" in done.stderr
+def test_nothing_to_collect_is_one_clear_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = command(["memdefrag", "collect", tmp_path, "retention"], monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1 and "holds no run" in err

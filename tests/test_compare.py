@@ -2,13 +2,12 @@
 
 import json
 import shutil
-import sys
 
 import pytest
 from omegaconf import OmegaConf
 
-from harness import cli
 from harness.report.compare import Tolerance, compare, compare_runs
+from tests.conftest import command
 
 RECORDS = [{"group": g, "step": s, "output": f"answer {g} {s}", "correct": s == 1, "target_rank": 1 + g,
             "seconds": {"trace": 0.1, "generate": 1.0}} for g in (0, 1) for s in (1, 2)]
@@ -114,22 +113,16 @@ def test_runs_pair_by_config_and_a_run_without_a_pair_is_named(tmp_path):
     assert unpaired == [("0_vanilla", str(tmp_path / "a" / "0_vanilla"), None)]
 
 
-def run_cli(argv, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["memdefrag", "compare", *map(str, argv)])
-    with pytest.raises(SystemExit) as exit_:
-        cli.main()
-    return exit_.value.code, capsys.readouterr()
-
-
 def test_the_command_exits_0_equal_1_different_2_bad_input_and_writes_both_reports(tmp_path, monkeypatch, capsys):
     a_run(tmp_path / "a" / "vanilla")
     shutil.copytree(tmp_path / "a", tmp_path / "same")
     a_run(tmp_path / "b" / "vanilla", records=edited("output", "another answer"))
-    code, out = run_cli([tmp_path / "a", tmp_path / "same", "--ignore", "task.data_dir"], monkeypatch, capsys)
-    assert code == 0 and out.out.startswith("# memdefrag compare: 1 of 1 paired runs equal")
-    code, out = run_cli([tmp_path / "a", tmp_path / "b", "--ignore", "task.data_dir", "--json", tmp_path / "r.json",
-                         "--markdown", tmp_path / "r.md"], monkeypatch, capsys)
-    assert code == 1 and out.out == ""
+    code, out, _ = command(["memdefrag", "compare", tmp_path / "a", tmp_path / "same", "--ignore", "task.data_dir"],
+                           monkeypatch, capsys)
+    assert code == 0 and out.startswith("# memdefrag compare: 1 of 1 paired runs equal")
+    code, out, _ = command(["memdefrag", "compare", tmp_path / "a", tmp_path / "b", "--ignore", "task.data_dir",
+                            "--json", tmp_path / "r.json", "--markdown", tmp_path / "r.md"], monkeypatch, capsys)
+    assert code == 1 and out == ""
     assert "1 outputs changed" in (tmp_path / "r.md").read_text()
     machine = json.loads((tmp_path / "r.json").read_text())
     assert machine["equal"] is False and machine["pairs"][0]["changed"][0]["b"] == "another answer"
@@ -138,8 +131,8 @@ def test_the_command_exits_0_equal_1_different_2_bad_input_and_writes_both_repor
                          ([tmp_path / "a", tmp_path / "b", "--tol-scored", "-0.5"], "--tol-scored -0.5 must be >= 0"),
                          ([tmp_path / "a", tmp_path / "b", "--json", tmp_path / "no" / "r.json"], "does not exist"),
                          ([tmp_path / "a"], "the following arguments are required: b")):
-        code, out = run_cli(bad, monkeypatch, capsys)
-        lines = out.err.strip().splitlines()
+        code, _, err = command(["memdefrag", "compare", *bad], monkeypatch, capsys)
+        lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and message in lines[0], lines
 
 

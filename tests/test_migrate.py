@@ -2,8 +2,6 @@
 column never split on a setting only some runs recorded, a task's own tables found without editing the report."""
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -14,6 +12,7 @@ from harness.errors import ConfigError
 from harness.report.migrate import migrate_all, with_ranker
 from harness.results.folder import RunLock
 from harness.report.document import write
+from tests.conftest import command
 from tests.test_plugins import Passkey as IncompletePasskey
 from tests.test_report import fake_run
 
@@ -113,13 +112,12 @@ def test_a_tasks_share_prints_in_percent_with_its_interval_as_every_table_does()
         ["50.0", "100.0"]
 
 
-def test_migrate_is_a_command_of_its_own(tmp_path):
+def test_migrate_is_a_command_of_its_own(tmp_path, monkeypatch, capsys):
     old_run(tmp_path / "r" / "vanilla")
-    done = subprocess.run([sys.executable, "-m", "harness", "migrate", str(tmp_path)], capture_output=True, text=True)
-    assert done.returncode == 0 and done.stdout.endswith("1 of 1 run folders migrated\n")
-    missing = subprocess.run([sys.executable, "-m", "harness", "migrate", str(tmp_path / "none")],
-                             capture_output=True, text=True)
-    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no such folder" in missing.stderr
+    code, out, _ = command(["memdefrag", "migrate", tmp_path], monkeypatch, capsys)
+    assert code == 0 and out.endswith("1 of 1 run folders migrated\n")
+    code, _, err = command(["memdefrag", "migrate", tmp_path / "none"], monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1 and "no such folder" in err
 
 
 def test_a_folder_named_by_its_settings_gets_its_plain_name_and_a_second_migration_changes_nothing(tmp_path):
