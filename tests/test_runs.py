@@ -13,7 +13,7 @@ import pytest
 from harness.errors import ConfigError
 from harness.running.runner import run
 from harness.running.shards import merge_sweep, parse
-from tests.conftest import tiny_overrides, tiny_run_config
+from tests.conftest import command, tiny_overrides, tiny_run_config
 
 RUN = ("method=memdefrag_top1", "forgetting=random", "model.memory_capacity=200", "task.groups=4")
 
@@ -79,13 +79,12 @@ def test_a_run_killed_mid_group_resumes_to_the_same_result(tmp_path, tiny_checkp
     assert answers(tmp_path / "killed") == answers(tmp_path / "whole")
 
 
-def test_tracer_sweep_records_a_layer_that_memdefrag_then_uses(tmp_path, tiny_checkpoint, monkeypatch):
+def test_tracer_sweep_records_a_layer_that_memdefrag_then_uses(tmp_path, tiny_checkpoint, monkeypatch, capsys):
     monkeypatch.setenv("MEMDEFRAG_TRACERS", str(tmp_path / "tracers.yaml"))
     model = [f"model.source={tiny_checkpoint}", "model.name=tiny", "model.memory_capacity=null"]
-    done = subprocess.run([sys.executable, "-m", "harness", "tracer-sweep", *model, "task.dataset=synthetic",
-                           "task.groups=2", "task.fragments=3", f"hydra.run.dir={tmp_path / 'sweep'}"],
-                          capture_output=True, text=True, env=os.environ, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
+    code, _, err = command(["memdefrag", "tracer-sweep", *model, "task.dataset=synthetic", "task.groups=2",
+                            "task.fragments=3", f"hydra.run.dir={tmp_path / 'sweep'}"], monkeypatch, capsys)
+    assert code == 0, err[-2000:]
     import yaml
     choice = yaml.safe_load((tmp_path / "tracers.yaml").read_text())["tiny"]
     assert choice["tracer_layer"] in (0, 1, 2) and choice["query_mode"] in ("last", "mean")  # every layer
