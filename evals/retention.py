@@ -20,6 +20,7 @@ from evals.qa import QAItem
 from evals.stats import wilson
 from methods.errors import ConfigError
 from methods.attention.tracing import ranks
+from methods.tokens import cut, token_count
 
 
 @dataclass(frozen=True)
@@ -77,19 +78,15 @@ class Retention:
         rng = random.Random(self.seed)
         rng.shuffle(targets)
         rng.shuffle(unrelated)
-        fits = (t for t in targets if len(tokenizer(t.context)["input_ids"]) <= self.max_context_tokens)
+        fits = (t for t in targets if token_count(tokenizer, t.context, special=True) <= self.max_context_tokens)
         chosen = [t for _, t in zip(range(self.n_groups), fits)]
         if len(chosen) < self.n_groups or len(unrelated) < self.updates - 1:
             raise ConfigError(
                 f"task.dataset={self.dataset!r} offers {len(chosen)} targets within {self.max_context_tokens} "
                 f"tokens and {len(unrelated)} unrelated contexts; task.groups={self.n_groups} and "
                 f"{self.updates_option}={self.updates} need {self.n_groups} and {self.updates - 1}")
-        distractors = tuple(self._cut(tokenizer, u) + "\n\n" for u in unrelated[: self.updates - 1])
+        distractors = tuple(cut(tokenizer, u, self.max_context_tokens) + "\n\n" for u in unrelated[: self.updates - 1])
         return [Group(i, t, distractors) for i, t in enumerate(chosen)]
-
-    def _cut(self, tokenizer, text: str) -> str:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"][: self.max_context_tokens]
-        return tokenizer.decode(ids)
 
     def metrics(self, records: list[dict]):
         return accuracy_by_step(records)
