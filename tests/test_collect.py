@@ -76,6 +76,7 @@ def test_shards_of_one_run_are_sent_to_merge(tmp_path):
         collect(tmp_path / "sweep", "retention", tmp_path / "results")
 
 
+@pytest.mark.filterwarnings("error")      # a warning would be a second line on the terminal
 def test_nothing_to_collect_is_one_clear_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code, _, err = command(["memdefrag", "collect", tmp_path, "retention"], monkeypatch, capsys)

@@ -112,6 +112,7 @@ def test_a_tasks_share_prints_in_percent_with_its_interval_as_every_table_does()
         ["50.0", "100.0"]
 
 
+@pytest.mark.filterwarnings("error")      # a warning would be a second line on the terminal
 def test_migrate_is_a_command_of_its_own(tmp_path, monkeypatch, capsys):
     old_run(tmp_path / "r" / "vanilla")
     code, out, _ = command(["memdefrag", "migrate", tmp_path], monkeypatch, capsys)

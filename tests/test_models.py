@@ -62,6 +62,37 @@ def test_a_cpu_load_leaves_the_environment_as_it_was_and_still_groups_sdpa_heads
     assert seen == ["1"] and dict(os.environ) == before
 
 
+def test_a_ggufs_metadata_is_read_once_for_config_and_tokenizer_and_each_caller_gets_its_own():
+    """While _gguf_parsed_once is open, transformers' metadata-only reads of a file are one read, each caller
+    getting a copy it may change; a read with the weights goes through as made; the function is transformers' own
+    again once the outermost opening closes, also when it closes on an error."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from harness.models.loading import _gguf_parsed_once, _metadata_read_once
+
+    calls = []
+
+    def original(path, return_tensors=False, **kwargs):
+        calls.append((path, return_tensors, kwargs))
+        return {"config": {"layers": [path]}}
+
+    loading = _metadata_read_once(original)
+    first, second = loading("a.gguf"), loading("a.gguf", return_tensors=False)
+    first["config"]["layers"].append("changed")
+    assert second == {"config": {"layers": ["a.gguf"]}} == loading("a.gguf") and calls == [("a.gguf", False, {})]
+    loading("a.gguf", return_tensors=True, model_to_load=None)
+    loading("b.gguf")
+    assert calls[1:] == [("a.gguf", True, {"model_to_load": None}), ("b.gguf", False, {})]
+    transformers_own = gguf_utils.load_gguf_checkpoint
+    with pytest.raises(RuntimeError):
+        with _gguf_parsed_once():
+            with _gguf_parsed_once():
+                assert gguf_utils.load_gguf_checkpoint is not transformers_own
+            assert gguf_utils.load_gguf_checkpoint is not transformers_own
+            raise RuntimeError
+    assert gguf_utils.load_gguf_checkpoint is transformers_own
+
+
 def test_a_checkpoint_folder_loads_where_the_gguf_library_is_missing(tiny_checkpoint, monkeypatch):
     """A GPU node may lack gguf (GGUF files only need it): a checkpoint folder is checked and loaded without it."""
     import sys

@@ -101,8 +101,9 @@ def test_the_peak_is_the_largest_phase_docs_gpu_md_names_and_above_what_a_questi
 
 @pytest.mark.slow
 def test_the_formula_holds_smollm2_at_n_max():
-    """SmolLM2 in float32 at its N_max (conf/model/smollm2.yaml's memory_capacity) of NaturalQA memory tokens, traced
-    at its layer 18 (docs/gpu.md)."""
+    """SmolLM2 in float32, NaturalQA's fragments stored until the memory reaches its N_max, traced at its layer 18
+    (docs/gpu.md). N_max is read from conf/model/smollm2.yaml, so that the measured point follows the model file and
+    stays inside SmolLM2's 8,192 trained positions."""
     n_max = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "model" / "smollm2.yaml").memory_capacity
     alive, terms = in_a_fresh_process("smollm2", n_max)
     formula = peak.live(terms) - terms["weights"]

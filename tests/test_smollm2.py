@@ -84,6 +84,7 @@ def test_cli_writes_a_self_describing_result_folder(tmp_path):
     assert list((out / "wandb").glob("offline-run-*"))
 
 
+@pytest.mark.filterwarnings("error")      # a warning would be a second line on the terminal
 def test_cli_refuses_bad_input_with_one_line(tmp_path, monkeypatch, capsys):
     assert refused(["method.k=0", f"hydra.run.dir={tmp_path}"], monkeypatch, capsys).startswith(
         "memdefrag: error: method.k=0 is not allowed")

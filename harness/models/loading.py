@@ -198,19 +198,19 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-_PARSING = threading.RLock()     # one thread at a time swaps gguf's functions; nested opens in it reuse them
+_PARSING = threading.RLock()     # one thread at a time swaps the functions; nested opens reuse them
 _parsing_depth = 0
 
 
 @contextlib.contextmanager
 def _gguf_parsed_once():
-    """transformers reads a GGUF's header (every metadata field, the whole vocabulary included) for the config,
-    again for the tokenizer and again for the weights, each time opening the file and turning every field into
-    Python values, and builds gguf's tensor-name map (every known name at every layer) afresh for each submodule:
-    most of a first load. While this is open the file is opened once, its metadata turned into values once for the
-    config and the tokenizer (each caller gets its own copy) and each map built once (per (architecture, layers));
-    nested, the outermost one serves and restores them. Without the gguf library there is nothing to share: a
-    checkpoint folder loads without it (a GPU node may lack it), a GGUF file is refused by transformers."""
+    """transformers turns a GGUF's metadata (every field, the whole vocabulary included) into Python values in
+    load_gguf_checkpoint for AutoConfig, again for AutoTokenizer's config lookup and again with the weights, gguf
+    opens the file for each, and gguf's tensor-name map (every known name at every layer) is built afresh for each
+    submodule: most of a first load. While this is open the file is opened once, the two metadata-only reads are
+    one (each caller gets its own copy) and each map is built once (per (architecture, layers)); nested, the
+    outermost one serves and restores them. Without the gguf library there is nothing to share: a checkpoint
+    folder loads without it (a GPU node may lack it), a GGUF file is refused by transformers."""
     try:
         import gguf
     except ImportError:
@@ -234,14 +234,15 @@ def _gguf_parsed_once():
 
 
 def _metadata_read_once(load_gguf_checkpoint):
-    """transformers' load_gguf_checkpoint whose metadata-only reads (no tensors: the config's and the tokenizer's)
-    are read once per file, each caller getting a copy of its own to change."""
+    """transformers' load_gguf_checkpoint whose metadata-only reads (a path alone, or with return_tensors=False:
+    the config's and the tokenizer's) are read once per file, each caller getting a copy of its own to change;
+    any other call (the weights') goes to it as made."""
     read = functools.lru_cache(lambda path: load_gguf_checkpoint(path, return_tensors=False))
 
-    def loading(path, return_tensors=False, **kwargs):
-        if return_tensors or kwargs:
-            return load_gguf_checkpoint(path, return_tensors=return_tensors, **kwargs)
-        return copy.deepcopy(read(path))
+    def loading(*args, **kwargs):
+        if len(args) == 1 and kwargs in ({}, {"return_tensors": False}):
+            return copy.deepcopy(read(args[0]))
+        return load_gguf_checkpoint(*args, **kwargs)
     return loading
 
 
