@@ -6,12 +6,12 @@ import gc
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
+from conf.schema import CONF
 from evals.retention import Retention
 from harness.measurement import peak
 from harness.models.loading import ModelSpec, load
@@ -104,7 +104,7 @@ def test_the_formula_holds_smollm2_at_n_max():
     """SmolLM2 in float32, NaturalQA's fragments stored until the memory reaches its N_max, traced at its layer 18
     (docs/gpu.md). N_max is read from conf/model/smollm2.yaml, so that the measured point follows the model file and
     stays inside SmolLM2's 8,192 trained positions."""
-    n_max = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "model" / "smollm2.yaml").memory_capacity
+    n_max = OmegaConf.load(CONF / "model" / "smollm2.yaml").memory_capacity
     alive, terms = in_a_fresh_process("smollm2", n_max)
     formula = peak.live(terms) - terms["weights"]
     print(f"SmolLM2 at N_max: alive {alive / 1e6:.1f} MB, formula {formula / 1e6:.1f} MB (weights aside); memory "
