@@ -25,7 +25,8 @@ from submitit.core.utils import DelayedSubmission
 from harness.errors import ConfigError
 from harness.report.compare import compare, markdown
 from harness.results.folder import read_jsonl
-from harness.running.slurm import Requeue, check_request
+from harness.plugins.contracts import check_first_record
+from harness.running.slurm import Requeue, TimeLimit, check_request
 from tests.conftest import refused, tiny_overrides
 from tests.test_docs import blocks, command_lines
 
@@ -413,3 +414,16 @@ def test_a_requeue_whose_scontrol_its_own_signal_ends_is_taken_and_another_failu
     groups.write_text('{"group": 0}\n')
     with pytest.raises(SystemExit if exit_status == -signal.SIGTERM else subprocess.CalledProcessError):
         handler.checkpoint_and_try_requeue(signal.SIGUSR2)
+
+
+def test_the_time_limit_signal_inside_a_plugins_guarded_call_stays_the_time_limit(tmp_path):
+    """SLURM's signal before the limit, no group finished, arriving while the task's `metrics` reads the first
+    record (as it once did under CI): the run stops with the time limit's line, not the guard's line for an error
+    of the task's own."""
+    env = SimpleNamespace(paths=None, global_rank=0)
+    delayed = DelayedSubmission(print)
+    delayed.set_timeout(1, 0)
+    handler = Requeue(env, delayed, tmp_path / "groups.jsonl", {"timeout_min": 1, "signal_delay_s": 5})
+    task = SimpleNamespace(metrics=lambda records: handler.checkpoint_and_try_requeue(signal.SIGUSR2))
+    with pytest.raises(TimeLimit, match="^SLURM signalled the time limit before a group finished"):
+        check_first_record(task, {"group": 0})

@@ -49,6 +49,12 @@ class JobFailed(Exception):
     """A run that failed inside its job, as one line (what the submitting command prints)."""
 
 
+class TimeLimit(BaseException):
+    """SLURM's time-limit signal in a try that finished no group. It is raised by the signal handler, wherever the
+    run is, so it is not an Exception: no `except Exception` on its way (a plugin's guard that turns the plugin's
+    own error into one line) takes it for the error of the code it interrupted."""
+
+
 def ask(*command: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     """Run a SLURM command; a SLURM that does not answer is one line."""
     try:
@@ -125,7 +131,7 @@ class Requeue(SignalHandler):
 
     def checkpoint_and_try_requeue(self, signum: int, frame=None) -> None:
         if self.has_timed_out():
-            raise JobFailed(f"SLURM signalled the time limit before a group finished (hydra.launcher.timeout_min="
+            raise TimeLimit(f"SLURM signalled the time limit before a group finished (hydra.launcher.timeout_min="
                             f"{self.params['timeout_min']}, less hydra.launcher.signal_delay_s="
                             f"{self.params['signal_delay_s']} s and up to {LOOK_S} s more, less loading the model); "
                             f"every try would end so: raise hydra.launcher.timeout_min")
@@ -145,10 +151,13 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
     def __call__(self, *args) -> JobReturn:
         """In the job: a run that fails raises (the job ends FAILED, submitit keeps the line) instead of
         returning a failed result that SLURM would count as COMPLETED."""
-        ret = super().__call__(*args)
+        try:
+            ret = super().__call__(*args)
+        except TimeLimit as err:
+            raise JobFailed(str(err)) from None
         if ret.status == JobStatus.FAILED:
             err = ret._return_value
-            raise JobFailed(str(err) if isinstance(err, (ConfigError, JobFailed)) else f"{type(err).__name__}: {err}")
+            raise JobFailed(str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}")
         return ret
 
     def executor(self):
