@@ -32,6 +32,8 @@ torch.set_num_threads(1 if WORKERS > 1 else min(2, torch.get_num_threads()))
 # every later test's capture then writes to a closed file. Its stream is the process's own stderr instead.
 import absl.logging  # noqa: E402
 
+from conf.schema import CONF  # noqa: E402
+
 absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 
@@ -228,7 +230,7 @@ def tiny_run_config(checkpoint: str, *overrides: str, small_task: bool = True):
         return compose("config", overrides=tiny_overrides(checkpoint, small_task) + list(overrides))
 
 
-EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "experiment").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,16 +1,13 @@
 """Every shipped config composes; bad input stops in preflight with one clear message."""
 
-from pathlib import Path
-
 import pytest
 from hydra import compose, initialize_config_module
 
+from conf.schema import CONF
 from harness.errors import ConfigError
 from harness.plugins.contracts import build
 from harness.running.runner import preflight
 from tests.conftest import EXPERIMENTS, sweep_points
-
-CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def composed(*overrides):

@@ -7,7 +7,6 @@ an explicit row of tests/test_bad_input.py."""
 
 import os
 import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
@@ -15,11 +14,11 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
+from conf.schema import CONF
 from harness import cli
 from harness.results.folder import flattened
 from tests.test_config import composed
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = {group: sorted(p.stem for p in (CONF / group).glob("*.yaml"))
           for group in ("method", "task", "forgetting", "compression", "model")}
 DEFAULTS = flattened(OmegaConf.to_container(composed("logger=none"), resolve=False))
