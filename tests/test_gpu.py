@@ -120,14 +120,16 @@ def test_a_memory_in_pinned_host_memory_answers_as_one_on_the_device(tokenizer):
 def test_the_fast_paths_decode_steps_never_wait_for_the_host(tokenizer):
     """Every decode step's forward (one new id against the placed memory) runs under
     torch.cuda.set_sync_debug_mode("error"): a host sync inside one raises. The stop look every few tokens and the
-    ids read at the end lie outside the steps (methods/generation.py)."""
+    ids read at the end lie outside the steps (methods/generation.py). The eager loop, whose steps are forwards a
+    hook sees: the captured one (CUDA's default) replays a graph, and capturing one fails on a host sync itself."""
     from methods.backends.kv_prefix import KVPrefixBackend
     from methods.memdefrag import MemDefrag
     from methods.session import Session
     from tests.conftest import FRAGMENTS, tiny_model
 
     model = tiny_model("llama").cuda()
-    session = Session(model, tokenizer, KVPrefixBackend(model), MemDefrag(2, 1, "mean"), "shared_sink", "plain", 16)
+    session = Session(model, tokenizer, KVPrefixBackend(model), MemDefrag(2, 1, "mean"), "shared_sink", "plain", 16,
+                      decode="eager")
     session.stop = set()
     for text in FRAGMENTS:
         session.store(text)
