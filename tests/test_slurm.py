@@ -26,7 +26,7 @@ from harness.errors import ConfigError
 from harness.report.compare import compare, markdown
 from harness.results.folder import read_jsonl
 from harness.plugins.contracts import check_first_record
-from harness.running.slurm import Requeue, TimeLimit, check_request
+from harness.running.slurm import Requeue, TimeLimit, check_request, requeueing
 from tests.conftest import refused, tiny_overrides
 from tests.test_docs import blocks, command_lines
 
@@ -414,6 +414,27 @@ def test_a_requeue_whose_scontrol_its_own_signal_ends_is_taken_and_another_failu
     groups.write_text('{"group": 0}\n')
     with pytest.raises(SystemExit if exit_status == -signal.SIGTERM else subprocess.CalledProcessError):
         handler.checkpoint_and_try_requeue(signal.SIGUSR2)
+
+
+def test_slurms_signal_requeues_while_the_run_runs_and_not_once_it_has_returned(tmp_path, caplog):
+    """A group finished, SLURM's signal inside `requeueing` requeues the try; the same signal after it (submitit
+    writing the result the sweep is waiting for) is logged and requeues nothing."""
+    requeued = []
+    env = SimpleNamespace(paths=None, global_rank=0, _requeue=requeued.append)
+    delayed = DelayedSubmission(print)
+    delayed.set_timeout(1, 3)
+    groups = tmp_path / "groups.jsonl"
+    handler = Requeue(env, delayed, groups, {"timeout_min": 1, "signal_delay_s": 5})
+    groups.write_text('{"group": 0}\n')
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        with pytest.raises(SystemExit), requeueing(handler, signal.SIGUSR2):
+            os.kill(os.getpid(), signal.SIGUSR2)
+        assert requeued == [3]
+        os.kill(os.getpid(), signal.SIGUSR2)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert requeued == [3] and "SLURM's signal after the run had ended: not requeued" in caplog.text
 
 
 def test_the_time_limit_signal_inside_a_plugins_guarded_call_stays_the_time_limit(tmp_path):

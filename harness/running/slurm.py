@@ -15,12 +15,15 @@ limit (Requeue: requeued as long as each try finishes a group).
 
 from __future__ import annotations
 
+import logging
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from hydra.core.singleton import Singleton
@@ -34,6 +37,8 @@ from submitit.core.utils import DelayedSubmission
 from harness.errors import ConfigError, stops_on_config_error
 from harness.results.folder import read_jsonl
 from harness.results.summary import SweepSummary
+
+log = logging.getLogger(__name__)
 
 COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "sinfo")     # what submitting and waiting take
 POLL_S = 5                     # seconds between looks at the queue while waiting
@@ -143,6 +148,19 @@ class Requeue(SignalHandler):
             # `scontrol requeue` ends the try by signalling every process of the job, itself too where it has not
             # exited by then (seen on a loaded 2-core node): its request was taken, so the try ends as after one
             self._exit()
+
+
+@contextmanager
+def requeueing(handler: Requeue, signum: int) -> Iterator[None]:
+    """SLURM's signal goes to `handler` while the run runs, and is only logged once it has returned: the try's
+    work is done and submitit is writing its result, which the waiting sweep reads as the job's end, so a requeue
+    then would run the ended run again behind the sweep's back (the likeliest reading of a CI run whose job caught
+    one signal more than it had tries that resumed)."""
+    signal.signal(signum, handler.checkpoint_and_try_requeue)
+    try:
+        yield
+    finally:
+        signal.signal(signum, lambda *_: log.warning("SLURM's signal after the run had ended: not requeued"))
 
 
 class Waiting(submitit_launcher.BaseSubmititLauncher):
@@ -276,8 +294,8 @@ class Slurm(Waiting):
         delayed = DelayedSubmission(self, *args)
         delayed.set_timeout(self.params["timeout_min"], 0)
         handler = Requeue(env, delayed, Path(self.runs[args[2]]) / "groups.jsonl", self.params)
-        signal.signal(env._usr_sig(), handler.checkpoint_and_try_requeue)
-        return super().__call__(*args)
+        with requeueing(handler, env._usr_sig()):
+            return super().__call__(*args)
 
     def executor(self):
         missing = [command for command in COMMANDS if shutil.which(command) is None]
