@@ -1,22 +1,32 @@
 #!/usr/bin/env bash
-# The GPU figures on one GPU with random weights of Llama-3.1-8B's shape (speed and memory only, never accuracy):
-# the per-question speed table in bf16 and fp16 (every table beside transformers' generate(cache_implementation=
-# "static") on the same tokens, the anchor), the captured decode against the eager loop at N_max for none, vanilla
-# and Top-2 (issue 56: per token <= 1.5x the floor and <= the anchor), the peers' time to first token at N_max
-# (tab:peers), then the
-# paper's tab:runtime (a 50-update group, Top-1 and vanilla, informativeness forgetting, asked at 10..50) and
-# tab:gpu-memory (step 50, memory full at N_max)
-# through the harness on a saved random checkpoint; then MemoryLLM and M+ of the same size (random checkpoints of
-# memoryllm-8b's and mplus-8b's shapes) over a 50-update group each, for their columns of tab:runtime.
-# The self-check's verdicts on the 8B shape come first (fp32, bf16, fp16), and tab:gpu-memory also runs Top-2 on the
-# paper's own formulation (backend=hidden_prefix) at N_max.
+# The GPU figures on one GPU with random weights of Llama-3.1-8B's shape (speed and memory only, never accuracy),
+# in parts, run in the order given (default: every part, in the order of PARTS below), so that a short device lease
+# runs the parts it has time for; each part's start is printed with the time, so a run says what each took:
+#   selfcheck   the self-check's verdicts on the 8B shape (fp32, bf16, fp16)
+#   speed       the per-question speed tables in bf16 and fp16, each beside transformers' generate(
+#               cache_implementation="static") on the same tokens (the anchor)
+#   decode      the captured decode against the eager loop at N_max for none, vanilla and Top-2 (issue 56: per
+#               token <= 1.5x the floor and <= the anchor)
+#   peers       the peers' time to first token at N_max (tab:peers)
+#   runtime     the paper's tab:runtime (a 50-update group, vanilla, Top-1 and Top-2, informativeness forgetting,
+#               asked at 10..50) through the harness on a saved random checkpoint; Top-2 also with solo formation
+#   gpu_memory  tab:gpu-memory (step 50, memory full at N_max); Top-2 also on the paper's own formulation
+#               (backend=hidden_prefix) and with batched formation
+#   memoryllm   MemoryLLM and M+ of the same size (random checkpoints of memoryllm-8b's and mplus-8b's shapes) over
+#               a 50-update group each, for their columns of tab:runtime
+#   report      memdefrag report results
 # Usage (docs/gpu.md): MEMDEFRAG_DATA=<folder with nqa/ and squad/> CKPT=<folder on a disk with 20 GB free>
-# results/run_gpu.sh. Env: OUT (default results/gpu); CKPT, where the random checkpoints are written (default
-# /tmp/memdefrag-checkpoints), each right before its runs and removed after them unless KEEP_CHECKPOINTS=1 (one on
-# the disk at a time, 16-20 GB; a folder that already holds one is used and kept); TOKENIZER (default
-# $GPU_TOKENIZER, which .gpu/enter.sh sets), a tokenizer folder for the random shapes where the embedded SmolLM2 is
-# not installed; PYTHON (default python3).
+# results/run_gpu.sh [PART...]; an unknown part is refused before anything runs. Env: OUT (default results/gpu);
+# CKPT, where the random checkpoints are written (default /tmp/memdefrag-checkpoints), each right before its runs
+# and removed after them unless KEEP_CHECKPOINTS=1 (one on the disk at a time, 16-20 GB; a folder that already
+# holds one is used and kept); TOKENIZER (default $GPU_TOKENIZER, which .gpu/enter.sh sets), a tokenizer folder
+# for the random shapes where the embedded SmolLM2 is not installed; PYTHON (default python3).
 set -euo pipefail
+PARTS=(selfcheck speed decode peers runtime gpu_memory memoryllm report)
+parts=("$@"); [ $# -gt 0 ] || parts=("${PARTS[@]}")
+for part in "${parts[@]}"; do
+  [[ " ${PARTS[*]} " == *" $part "* ]] || { echo "run_gpu.sh: no part '$part'; the parts: ${PARTS[*]}" >&2; exit 2; }
+done
 out=${OUT:-results/gpu}; ckpt=${CKPT:-/tmp/memdefrag-checkpoints}; py=${PYTHON:-python3}
 export MEMDEFRAG_DATA=${MEMDEFRAG_DATA:-../shared/data}
 data=$MEMDEFRAG_DATA
@@ -40,53 +50,74 @@ release() {      # the checkpoints this script wrote, removed unless KEEP_CHECKP
   written=()
 }
 written=()
-for dtype in float32 bfloat16 float16; do
-  "$py" -m harness.models.selfcheck --shape llama31_8b --device cuda --dtype "$dtype" "${tok[@]}" \
-    --out "$out/selfcheck_$dtype.md"
-done
-for dtype in bfloat16 float16; do
-  memdefrag-bench --device cuda --dtype "$dtype" --shape llama31_8b --sizes 10 26 --repeats 3 "${tok[@]}" \
-    --data-dir "$data" --out "$out/speed_gpu_$dtype.md"
-done
-# the captured decode (the default on CUDA) against the eager loop at N_max, none, vanilla and Top-2, bf16
-for decode in captured eager; do
-  memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --sizes 26 --repeats 3 --methods none vanilla \
-    memdefrag --k 2 --decode "$decode" "${tok[@]}" --data-dir "$data" --out "$out/decode_${decode}_bfloat16.md"
-done
-# tab:peers at the paper's N_max (26 NaturalQA fragments): full prefill, vanilla, MemDefrag and the peers, bf16
-memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --sizes 26 --repeats 3 --data-dir "$data" \
-  "${tok[@]}" --methods none text vanilla memdefrag ape epic cacheblend --out "$out/peers_speed_gpu_bfloat16.md"
-checkpoint llama31_8b "$ckpt/llama31_8b"
+selfcheck() {    # the self-check's verdicts on the 8B shape
+  for dtype in float32 bfloat16 float16; do
+    "$py" -m harness.models.selfcheck --shape llama31_8b --device cuda --dtype "$dtype" "${tok[@]}" \
+      --out "$out/selfcheck_$dtype.md"
+  done
+}
+speed() {        # the per-question speed tables, each beside the anchor
+  for dtype in bfloat16 float16; do
+    memdefrag-bench --device cuda --dtype "$dtype" --shape llama31_8b --sizes 10 26 --repeats 3 "${tok[@]}" \
+      --data-dir "$data" --out "$out/speed_gpu_$dtype.md"
+  done
+}
+decode() {       # the captured decode (the default on CUDA) against the eager loop at N_max, none, vanilla and Top-2
+  for decode in captured eager; do
+    memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --sizes 26 --repeats 3 --methods none \
+      vanilla memdefrag --k 2 --decode "$decode" "${tok[@]}" --data-dir "$data" --out "$out/decode_${decode}_bfloat16.md"
+  done
+}
+peers() {        # tab:peers at the paper's N_max (26 NaturalQA fragments): full prefill, vanilla, MemDefrag, the peers
+  memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --sizes 26 --repeats 3 --data-dir "$data" \
+    "${tok[@]}" --methods none text vanilla memdefrag ape epic cacheblend --out "$out/peers_speed_gpu_bfloat16.md"
+}
 model="model=hf model.source=$ckpt/llama31_8b model.name=llama31_8b_random model.dtype=bfloat16
        model.tracer_layer=13 model.query_mode=last model.memory_capacity=12800"
-# tab:runtime: experiment=runtime sets reuse_formed=false, so each group forms (and is charged) every fragment it
-# reads, whatever job ran before it; decode=captured (CUDA's default); one process per job (hydra/launcher=local),
-# so that each pays its own warm-up (in one process the first job paid the process's: results/gpu/README.md)
-# shellcheck disable=SC2086
-memdefrag experiment=runtime $model task.groups=2 method=vanilla,memdefrag_top1,memdefrag_top2 \
-  hydra/launcher=local task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime"
-# shellcheck disable=SC2086
-memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none hydra.sweep.dir="$out/gpu_memory"
-# shellcheck disable=SC2086
-memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none backend=hidden_prefix \
-  method=memdefrag_top2 hydra.sweep.dir="$out/gpu_memory_hidden_prefix"
-# the other formation beside the runs above (runtime batched, CUDA's default; gpu_memory solo, its own): Top-2's
-# group time and peak each way (docs/gpu.md: at N_max the formula gives 20.3 GB batched, 18.6 GB solo)
-# shellcheck disable=SC2086
-memdefrag experiment=runtime $model task.groups=2 method=memdefrag_top2 formation_batch=solo \
-  task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime_solo"
-# shellcheck disable=SC2086
-memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none method=memdefrag_top2 \
-  formation_batch=batched hydra.sweep.dir="$out/gpu_memory_batched"
-release
-# allow_beyond_window=true as experiment=memoryllm_comparison: MemoryLLM-8B reads its pool of 12,800 slots past
-# the 8,192 positions of its shape (M+'s 131,072 hold its 12,800)
-for kind in memoryllm mplus; do
-  checkpoint "${kind}_8b" "$ckpt/${kind}_8b"
-  memdefrag experiment=runtime model=hf model.source="$ckpt/${kind}_8b" model.name="${kind}_8b_random" \
-    model.dtype=bfloat16 model.tracer_layer=13 model.query_mode=last backend=hidden_prefix forgetting=none \
-    task.shuffle=false task.groups=2 method="$kind" allow_beyond_window=true task.data_dir="$data" logger=none \
-    hydra.sweep.dir="$out/runtime_$kind"
+runtime() {      # tab:runtime
+  checkpoint llama31_8b "$ckpt/llama31_8b"
+  # experiment=runtime sets reuse_formed=false, so each group forms (and is charged) every fragment it reads,
+  # whatever job ran before it; decode=captured (CUDA's default); one process per job (hydra/launcher=local), so
+  # that each pays its own warm-up (in one process the first job paid the process's: results/gpu/README.md)
+  # shellcheck disable=SC2086
+  memdefrag experiment=runtime $model task.groups=2 method=vanilla,memdefrag_top1,memdefrag_top2 \
+    hydra/launcher=local task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime"
+  # the other formation (runtime batched, CUDA's default; solo here): Top-2's group time each way
+  # shellcheck disable=SC2086
+  memdefrag experiment=runtime $model task.groups=2 method=memdefrag_top2 formation_batch=solo \
+    task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime_solo"
+}
+gpu_memory() {   # tab:gpu-memory, Top-2 also on the paper's own formulation (backend=hidden_prefix), and batched
+  checkpoint llama31_8b "$ckpt/llama31_8b"
+  # shellcheck disable=SC2086
+  memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none hydra.sweep.dir="$out/gpu_memory"
+  # shellcheck disable=SC2086
+  memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none backend=hidden_prefix \
+    method=memdefrag_top2 hydra.sweep.dir="$out/gpu_memory_hidden_prefix"
+  # gpu_memory forms solo (its own); batched beside it (docs/gpu.md: at N_max the formula gives 20.3 GB batched,
+  # 18.6 GB solo)
+  # shellcheck disable=SC2086
+  memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none method=memdefrag_top2 \
+    formation_batch=batched hydra.sweep.dir="$out/gpu_memory_batched"
+}
+memoryllm() {    # MemoryLLM's and M+'s columns of tab:runtime, each on a random checkpoint of its own shape
   release
+  # allow_beyond_window=true as experiment=memoryllm_comparison: MemoryLLM-8B reads its pool of 12,800 slots past
+  # the 8,192 positions of its shape (M+'s 131,072 hold its 12,800)
+  for kind in memoryllm mplus; do
+    checkpoint "${kind}_8b" "$ckpt/${kind}_8b"
+    memdefrag experiment=runtime model=hf model.source="$ckpt/${kind}_8b" model.name="${kind}_8b_random" \
+      model.dtype=bfloat16 model.tracer_layer=13 model.query_mode=last backend=hidden_prefix forgetting=none \
+      task.shuffle=false task.groups=2 method="$kind" allow_beyond_window=true task.data_dir="$data" logger=none \
+      hydra.sweep.dir="$out/runtime_$kind"
+    release
+  done
+}
+report() {
+  memdefrag report results
+}
+trap release EXIT          # the checkpoints this script wrote, whatever part ends it
+for part in "${parts[@]}"; do
+  echo "run_gpu.sh: $part ($(date +%T))"
+  "$part"
 done
-memdefrag report results

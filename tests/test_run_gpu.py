@@ -25,10 +25,10 @@ while [ $# -gt 0 ]; do [ "$1" = --save-random ] && mkdir -p "$2" && touch "$2/mo
 """
 
 
-def run_gpu(tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """results/run_gpu.sh through the stubs: what it printed and the commands it ran, in order."""
+def run_gpu(tmp_path: Path, *parts: str, ok: bool = True) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """results/run_gpu.sh PARTS through the stubs: what it printed and the commands it ran, in order."""
     bin_dir, log, ckpt = tmp_path / "bin", tmp_path / "log", tmp_path / "checkpoints"
-    bin_dir.mkdir()
+    bin_dir.mkdir(parents=True)
     for name in ("memdefrag", "memdefrag-bench", "python3"):
         (bin_dir / name).write_text(STUB.format(python=sys.executable))
         (bin_dir / name).chmod(0o755)
@@ -36,10 +36,10 @@ def run_gpu(tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
            "CKPT": str(ckpt), "MEMDEFRAG_DATA": str(tmp_path / "data"), "GPU_TOKENIZER": str(tmp_path / "tok"),
            "PYTHONPATH": str(ROOT)}
     env.pop("TOKENIZER", None)
-    done = subprocess.run(["bash", str(ROOT / "results" / "run_gpu.sh")], cwd=ROOT, env=env, capture_output=True,
-                          text=True)
-    assert done.returncode == 0, done.stderr
-    return done, log.read_text().splitlines()
+    done = subprocess.run(["bash", str(ROOT / "results" / "run_gpu.sh"), *parts], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    assert (done.returncode == 0) == ok, done.stderr
+    return done, log.read_text().splitlines() if log.exists() else []
 
 
 def test_run_gpu_reads_the_packs_data_and_tokenizer_and_writes_one_checkpoint_at_a_time_where_told(tmp_path):
@@ -90,3 +90,17 @@ def test_every_memdefrag_run_passes_preflight_and_reads_past_its_window_only_whe
                 beyond.add(shape)
                 assert cfg.allow_beyond_window, call
     assert beyond == {"memoryllm_8b"}
+
+
+def test_named_parts_run_alone_in_their_order_and_an_unknown_part_is_refused_before_anything_runs(tmp_path):
+    """A short lease runs the parts it has time for: `decode runtime` benches the decode and runs tab:runtime on its
+    own checkpoint, removed at the end; a misspelt part is one line naming the parts, and nothing ran."""
+    done, calls = run_gpu(tmp_path / "two", "decode", "runtime")
+    assert [line.split(" (")[0] for line in done.stdout.splitlines()[1:]] == ["run_gpu.sh: decode", "run_gpu.sh: runtime"]
+    benches = [c for c in calls if c.startswith("memdefrag-bench")]
+    assert len(benches) == 3 and all("--decode" in c for c in benches[:2]) and "--save-random" in benches[2]
+    runs = [c.split()[1] for c in calls if c.startswith("memdefrag ")]
+    assert runs == ["experiment=runtime"] * 2 and not any((tmp_path / "two" / "checkpoints").iterdir())
+    done, calls = run_gpu(tmp_path / "bad", "decode", "runtimes", ok=False)
+    assert done.stderr == ("run_gpu.sh: no part 'runtimes'; the parts: selfcheck speed decode peers runtime "
+                           "gpu_memory memoryllm report\n") and calls == [] and done.stdout == ""
