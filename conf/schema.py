@@ -106,7 +106,7 @@ class RunSchema:
     memory_on: Residence = Residence.model
     prompt: PromptStyle = SI("${model.prompt}")
     max_new_tokens: int = 32
-    decode: Optional[Decode] = None         # methods/generation.py: eager | captured; null: captured on a GPU
+    decode: Optional[Decode] = None         # methods/generation.py: eager, captured, compiled (null: per device)
     formation_batch: Optional[FormationBatch] = None   # methods/formation.py: solo | batched; null: batched on a GPU
     reuse_formed: bool = True               # false (timed studies): every group forms every fragment it reads
     allow_beyond_window: bool = False       # methods/window.py: reads past the trained window run, labelled

@@ -1,10 +1,12 @@
 """Greedy decoding from a prefilled cache, shared by every backend and method: step by step on the cache as the
 prefill left it (`eager`), or on fixed tensors over a cache of fixed size, replayed as one CUDA graph per token on a
 GPU (`captured`: a decoding step is ~1,450 small kernels on an 8B model, whose launches, not the weights' reads,
-bound an eager step)."""
+bound an eager step), or the same with the step compiled by torch.compile first (`compiled`: inductor fuses the
+step's small elementwise kernels, which a graph still runs one after another)."""
 
 from __future__ import annotations
 
+import functools
 import time
 from enum import StrEnum
 
@@ -13,7 +15,7 @@ from transformers.cache_utils import Cache, StaticLayer
 
 from methods.attention.decoder import cache_keyword
 
-Decode = StrEnum("Decode", ["eager", "captured"])
+Decode = StrEnum("Decode", ["eager", "captured", "compiled"])
 
 
 def default_decode(device: torch.device) -> str:
@@ -101,6 +103,12 @@ class EagerStep:
         return step.logits[0, -1].argmax().view(1, 1)
 
 
+def next_id(model, keyword: str, ids: torch.Tensor, cache: Cache, position: torch.Tensor) -> torch.Tensor:
+    """One step's greedy id [1, 1] on the device, the cache written in place."""
+    logits = model(input_ids=ids, **{keyword: cache}, position_ids=position, use_cache=True).logits
+    return logits[0, -1].argmax().view(1, 1)
+
+
 class CapturedStep:
     """The step on fixed tensors (the last id, its position) over `fixed(cache)`: run as is on a CPU; on a GPU the
     first step runs on a side stream (warm-up), the second is captured as a CUDA graph (recorded, not run) and
@@ -116,11 +124,10 @@ class CapturedStep:
         self.position = torch.full((1, 1), position, dtype=torch.long, device=device)
         self.next = self.ids
         self.cuda, self.graph, self.calls = device.type == "cuda", None, 0
+        self.next_id = next_id
 
     def forward(self) -> None:
-        logits = self.model(input_ids=self.ids, **{self.keyword: self.cache}, position_ids=self.position,
-                            use_cache=True).logits
-        self.next = logits[0, -1].argmax().view(1, 1)
+        self.next = self.next_id(self.model, self.keyword, self.ids, self.cache, self.position)
         self.position.add_(1)
 
     def __call__(self, last: torch.Tensor) -> torch.Tensor:
@@ -144,7 +151,24 @@ class CapturedStep:
         return self.next.clone()
 
 
-STEPS = {Decode.eager: EagerStep, Decode.captured: CapturedStep}
+@functools.cache
+def compiled_next_id():
+    """`next_id` compiled once per process, whatever the model: dynamic shapes, as every read's cache has its own
+    length (each new length would otherwise compile again), and no CUDA graphs of inductor's own (CapturedStep
+    captures the compiled step as it captures the model's)."""
+    return torch.compile(next_id, dynamic=True, fullgraph=True)
+
+
+class CompiledStep(CapturedStep):
+    """CapturedStep over the step compiled by inductor: the first step of a process compiles it (inductor keeps
+    its kernels on disk for the next process), every later step runs its fused kernels."""
+
+    def __init__(self, model, cache, position: int, max_new_tokens: int):
+        super().__init__(model, cache, position, max_new_tokens)
+        self.next_id = compiled_next_id()
+
+
+STEPS = {Decode.eager: EagerStep, Decode.captured: CapturedStep, Decode.compiled: CompiledStep}
 
 
 @torch.no_grad()

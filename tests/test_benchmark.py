@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.measurement.benchmark import PeakMemory, main
+from harness.measurement.benchmark import PROFILED, PeakMemory, main
 
 
 def test_the_benchmark_times_every_method_at_a_fixed_answer_length_and_checks_both_backends(tmp_path, capsys):
@@ -158,3 +158,23 @@ def test_each_rows_per_token_time_is_stated_against_transformers_static_generate
     ratio = table.per_token_ms.astype(float) / anchor
     assert (abs(table.per_token_vs_static_generate.astype(float) / ratio - 1) < 0.01).all()
     assert "the anchor: transformers' generate(cache_implementation='static')" in header and "decode=captured" in header
+
+
+def test_the_profile_ranks_each_methods_kernels_by_their_time(tmp_path):
+    """--profile: per method, one more question's kernels (a CPU's operators here, by their own time), the
+    costliest first, then all of them: the listed ones a part of the whole, a matrix product among them."""
+    profile = tmp_path / "kernels.md"
+    main(["--shape", "tiny", "--sizes", "2", "--new-tokens", "4", "--repeats", "1", "--methods", "none", "vanilla",
+          "--profile", str(profile)])
+    header, _, *lines = profile.read_text().splitlines()
+    table = pd.DataFrame([[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]],
+                         columns=[c.strip() for c in lines[0].strip("|").split("|")])
+    assert "one more question per method over the full memory" in header
+    assert list(table.method.unique()) == ["none", "vanilla"]
+    for _, ranked in table.groupby("method"):
+        listed, whole = ranked.iloc[:-1], ranked.iloc[-1]
+        ms = listed.ms.astype(float)
+        assert whole.kernel == "(all)" and float(whole.share) == 1 and 1 < len(listed) <= PROFILED
+        assert list(ms) == sorted(ms, reverse=True) and ms.sum() <= float(whole.ms) * 1.001
+        assert int(whole.calls) >= listed.calls.astype(int).sum()
+        assert listed.kernel.str.contains(r"aten::(?:addmm|mm|bmm|matmul|linear)").any(), ranked

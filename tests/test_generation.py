@@ -10,6 +10,7 @@ import copy
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from hydra import compose, initialize_config_module
 
 from harness.running.runner import run
@@ -18,7 +19,7 @@ from methods.backends.kv_prefix import KVPrefixBackend
 from methods.baselines import NoMemory, TextMemory, Vanilla
 from methods.errors import ConfigError
 from methods import session as session_module
-from methods.generation import CapturedStep, default_decode, greedy
+from methods.generation import CapturedStep, compiled_next_id, default_decode, greedy
 from methods.memdefrag import MemDefrag
 from methods.peers.ape import APE
 from methods.peers.cacheblend import CacheBlend
@@ -62,6 +63,19 @@ def test_captured_answers_are_the_eager_ones_on_hidden_prefix(llama, tokenizer):
             answers(llama, tokenizer, HiddenPrefixBackend, read, "eager")
 
 
+def test_compiled_answers_are_the_eager_ones_and_reads_of_every_length_share_one_compile(llama, tokenizer):
+    """decode=compiled: inductor's step (C++ kernels here, Triton's on a GPU) answers as the eager loop token for
+    token, and reads whose caches differ in length (none, the whole memory, a Top-2 view) reuse one compiled step:
+    compiling per read would cost a question its compile."""
+    torch._dynamo.reset()
+    compiled_next_id.cache_clear()
+    compiled = counters["stats"]["unique_graphs"]
+    for read in ("none", "vanilla", "top2"):
+        assert answers(llama, tokenizer, KVPrefixBackend, read, "compiled") == \
+            answers(llama, tokenizer, KVPrefixBackend, read, "eager")
+    assert counters["stats"]["unique_graphs"] - compiled == 1
+
+
 def test_the_captured_step_has_no_branch_on_a_device_value(llama, tokenizer):
     """What a CUDA graph captures must not wait for the device: dynamo traces the step whole (fullgraph) only if
     no Python branch reads a tensor's value (a host sync on a GPU)."""
@@ -82,7 +96,7 @@ def test_the_captured_step_has_no_branch_on_a_device_value(llama, tokenizer):
 def test_decode_defaults_to_the_device_and_refuses_an_unknown_one(llama, tokenizer):
     assert default_decode(torch.device("cpu")) == "eager" and default_decode(torch.device("cuda")) == "captured"
     assert Session(llama, tokenizer, KVPrefixBackend(llama), Vanilla(), "shared_sink", "plain").decode == "eager"
-    with pytest.raises(ConfigError, match=r"decode='graph' is not one of \['eager', 'captured'\]"):
+    with pytest.raises(ConfigError, match=r"decode='graph' is not one of \['eager', 'captured', 'compiled'\]"):
         Session(llama, tokenizer, KVPrefixBackend(llama), Vanilla(), "shared_sink", "plain", decode="graph")
 
 

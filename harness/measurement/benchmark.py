@@ -15,7 +15,8 @@ as a ratio to it (on a GPU transformers compiles that step and replays it as a C
 static cache eagerly). --hidden-prefix also times the paper's formulation and checks
 that its outputs equal the fast backend's (many minutes per point on a CPU). --shape runs a randomly
 initialised model of a real shape (speed and memory only, never accuracy) instead of the embedded
-SmolLM2; on a GPU the peak memory is the CUDA allocator's.
+SmolLM2; on a GPU the peak memory is the CUDA allocator's. --profile FILE writes, per size and method, the
+kernels of one more question over the full memory ranked by time (harness/measurement/kernels.py).
 
     memdefrag-bench --sizes 10 26 --threads 1 --out results/speed_cpu.md
     memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --sizes 26 --out results/speed_gpu.md
@@ -40,6 +41,7 @@ from transformers import AutoModelForCausalLM
 
 from evals.retention import Retention
 from harness.errors import ConfigError, OneLineParser, stops_on_config_error
+from harness.measurement.kernels import kernels
 from harness.results.paths import nearest_existing, writable_file, writable_folder
 from harness.models.loading import DTYPES, check_device
 from harness.models.shapes import SHAPES, build, tokenizer_of
@@ -58,6 +60,7 @@ from methods.session import Answer, Session
 
 
 METHODS = ("none", "vanilla", "memdefrag")
+PROFILED = 12                 # --profile: the kernels listed per method, the costliest first
 PEERS = ("text", "ape", "epic", "cacheblend")        # full prefill and the other fixes, each at its defaults
 
 
@@ -266,6 +269,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES), help="a random model of this shape")
     parser.add_argument("--out", default=None, help="also write the table as Markdown here")
+    parser.add_argument("--profile", metavar="FILE", help="also write each method's kernels, ranked, here")
     parser.add_argument("--save-random", metavar="FOLDER", help="only save a random checkpoint of --shape there")
     parser.add_argument("--tokenizer", metavar="FOLDER", help="--shape's tokenizer (default: the embedded SmolLM2's)")
     args = parser.parse_args(argv)
@@ -280,8 +284,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             raise ConfigError("--save-random needs --shape (the embedded model has real weights already)")
         if args.tokenizer and not args.shape:
             raise ConfigError(f"--tokenizer {args.tokenizer}: needs --shape (the embedded model brings its own)")
-        if args.out:
-            writable_file("--out", args.out)
+        for flag, path in (("--out", args.out), ("--profile", args.profile)):
+            if path:
+                writable_file(flag, path)
         if args.save_random:
             writable_folder("--save-random", args.save_random)
             room_for_checkpoint(args.save_random, args.shape, args.dtype)
@@ -321,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     backends = {"fast": KVPrefixBackend}
     if args.hidden_prefix:
         backends["hidden_prefix"] = HiddenPrefixBackend
-    rows = []
+    rows, profiled = [], []
     for n in args.sizes:
         group, *others = retention(args, n).groups(tokenizer)
         questions = [other.target.question for other in others]
@@ -334,6 +339,9 @@ def main(argv: list[str] | None = None) -> None:
         stand_ins = [former.next_fragment(memory, other.texts()[n - 1]) for other in others[1:args.repeats]]
         sessions = sessions_of(model, tokenizer, methods, backends, args.new_tokens, args.decode)
         per_session = timed(sessions, memory, stand_ins, questions, PeakMemory(model.device))
+        if args.profile:
+            profiled += [kernels(session, questions[-1], PROFILED).assign(n=n, method=method_name, backend=backend_name)
+                         for (method_name, backend_name), session in sessions.items()]
         anchor_ids = torch.cat([memory.text_ids(), format_prompt(tokenizer, questions[-1], "chat")])
         anchor = static_generate_ms(model, anchor_ids, args.new_tokens, args.repeats)
         for (method_name, backend_name), timing in per_session.items():
@@ -359,6 +367,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         with open(args.out, "w") as handle:
             handle.write(f"{where}\n\n{text}\n")
+    if args.profile:
+        ranked = pd.concat(profiled)[["n", "method", "backend", "kernel", "calls", "ms", "share"]]
+        with open(args.profile, "w") as handle:
+            handle.write(f"{where}; one more question per method over the full memory, its {PROFILED} costliest "
+                         f"kernels and all of them\n\n{ranked.to_markdown(index=False, floatfmt='.3g')}\n")
 
 
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:

@@ -356,7 +356,8 @@ def grouped_sdpa_on_cpu(model) -> None:
     a long memory. transformers reads the switch, an environment variable, at each attention call, so it is set
     only around each attention call of this model made while its weights are on a CPU, and restored after: the
     process environment is unchanged, and a CUDA model (where a mask would send grouped heads to the slow math
-    kernel) never sees it, in this process or one it starts."""
+    kernel) never sees it, in this process or one it starts. A step being compiled (decode=compiled) leaves the
+    switch alone: dynamo cannot trace a change to the environment, and the copied heads give the same numbers."""
     for module in attentions(model):
         module.register_forward_pre_hook(_group_heads_on_cpu)
         module.register_forward_hook(_restore_environment, always_call=True)
@@ -366,12 +367,16 @@ _OUTER: list[str | None] = []            # the switch's value outside each atten
 
 
 def _group_heads_on_cpu(module, args) -> None:
+    if torch.compiler.is_compiling():
+        return
     _OUTER.append(os.environ.get(SDPA_GROUPED))
     if _OUTER[-1] is None and next(module.parameters()).device.type == "cpu":
         os.environ[SDPA_GROUPED] = "1"
 
 
 def _restore_environment(module, args, output) -> None:
+    if torch.compiler.is_compiling():
+        return
     outer = _OUTER.pop()
     if outer is None:
         os.environ.pop(SDPA_GROUPED, None)
