@@ -5,8 +5,8 @@
 #   selfcheck   the self-check's verdicts on the 8B shape (fp32, bf16, fp16)
 #   speed       the per-question speed tables in bf16 and fp16, each beside transformers' generate(
 #               cache_implementation="static") on the same tokens (the anchor)
-#   decode      the captured decode against the eager loop at N_max for none, vanilla and Top-2 (issue 56: per
-#               token <= 1.5x the floor and <= the anchor)
+#   decode      the captured decode, the compiled one and the eager loop at N_max for none, vanilla and Top-2
+#               (issue 56: per token <= 1.5x the floor and <= the anchor), each with its kernels ranked
 #   peers       the peers' time to first token at N_max (tab:peers)
 #   runtime     the paper's tab:runtime (a 50-update group, vanilla, Top-1 and Top-2, informativeness forgetting,
 #               asked at 10..50) through the harness on a saved random checkpoint; Top-2 also with solo formation
@@ -62,10 +62,11 @@ speed() {        # the per-question speed tables, each beside the anchor
       --data-dir "$data" --out "$out/speed_gpu_$dtype.md"
   done
 }
-decode() {       # the captured decode (the default on CUDA) against the eager loop at N_max, none, vanilla and Top-2
-  for decode in captured eager; do
+decode() {       # the captured decode (CUDA's default), then compiled, then the eager loop, at N_max: none, vanilla and
+  for decode in captured compiled eager; do     # Top-2, each method's kernels ranked beside
     memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --sizes 26 --repeats 3 --methods none \
-      vanilla memdefrag --k 2 --decode "$decode" "${tok[@]}" --data-dir "$data" --out "$out/decode_${decode}_bfloat16.md"
+      vanilla memdefrag --k 2 --decode "$decode" "${tok[@]}" --data-dir "$data" \
+      --out "$out/decode_${decode}_bfloat16.md" --profile "$out/kernels_${decode}_bfloat16.md"
   done
 }
 peers() {        # tab:peers at the paper's N_max (26 NaturalQA fragments): full prefill, vanilla, MemDefrag, the peers

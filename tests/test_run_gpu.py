@@ -98,7 +98,8 @@ def test_named_parts_run_alone_in_their_order_and_an_unknown_part_is_refused_bef
     done, calls = run_gpu(tmp_path / "two", "decode", "runtime")
     assert [line.split(" (")[0] for line in done.stdout.splitlines()[1:]] == ["run_gpu.sh: decode", "run_gpu.sh: runtime"]
     benches = [c for c in calls if c.startswith("memdefrag-bench")]
-    assert len(benches) == 3 and all("--decode" in c for c in benches[:2]) and "--save-random" in benches[2]
+    assert len(benches) == 4 and all("--decode" in c and "--profile" in c for c in benches[:3])
+    assert "--save-random" in benches[3]
     runs = [c.split()[1] for c in calls if c.startswith("memdefrag ")]
     assert runs == ["experiment=runtime"] * 2 and not any((tmp_path / "two" / "checkpoints").iterdir())
     done, calls = run_gpu(tmp_path / "bad", "decode", "runtimes", ok=False)
