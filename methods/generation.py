@@ -153,9 +153,9 @@ class CapturedStep:
 
 @functools.cache
 def compiled_next_id():
-    """`next_id` compiled once per process, whatever the model: dynamic shapes, as every read's cache has its own
-    length (each new length would otherwise compile again), and no CUDA graphs of inductor's own (CapturedStep
-    captures the compiled step as it captures the model's)."""
+    """`next_id` compiled once per process, whatever the model: dynamic shapes from the first read on, as every
+    read's cache has its own length, and no CUDA graphs of inductor's own (CapturedStep captures the compiled step
+    as it captures the model's)."""
     return torch.compile(next_id, dynamic=True, fullgraph=True)
 
 
@@ -182,7 +182,7 @@ def greedy(model, logits: torch.Tensor, cache, position: int, max_new_tokens: in
     and a step past the stop would), and its answer is read once it has reached the host (`Look`), so the host
     never waits for the device inside the loop. The steps decoded past a stop are dropped; the ids are those of a
     loop that stops at once. The ids are read to the host once, at the end. decode: how each step runs (STEPS);
-    the stop check is the same for both."""
+    the stop check is the same for each."""
     device = model.device
     if max_new_tokens < 1:
         return []

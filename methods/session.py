@@ -52,7 +52,7 @@ class Session:
                  memory_on: str = "model", window: Window | None = None, decode: str | None = None,
                  formation_batch: str | None = None):
         """window: what counts the positions of every read against the model's (none: nothing counts); decode:
-        how an answer's steps run (methods/generation.py: eager, captured; None: the device's default);
+        how an answer's steps run (methods/generation.py: eager, captured, compiled; None: the device's default);
         formation_batch: how many fragments a forward forms (methods/formation.py: solo, batched; None: the
         device's default)."""
         self.model, self.tokenizer, self.backend, self.method = model, tokenizer, backend, method

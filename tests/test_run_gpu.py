@@ -96,12 +96,14 @@ def test_named_parts_run_alone_in_their_order_and_an_unknown_part_is_refused_bef
     """A short lease runs the parts it has time for: `decode runtime` benches the decode and runs tab:runtime on its
     own checkpoint, removed at the end; a misspelt part is one line naming the parts, and nothing ran."""
     done, calls = run_gpu(tmp_path / "two", "decode", "runtime")
-    assert [line.split(" (")[0] for line in done.stdout.splitlines()[1:]] == ["run_gpu.sh: decode", "run_gpu.sh: runtime"]
+    started = [line.split(" (")[0] for line in done.stdout.splitlines()[1:]]
+    assert started == ["run_gpu.sh: decode", "run_gpu.sh: runtime"]
     benches = [c for c in calls if c.startswith("memdefrag-bench")]
     assert len(benches) == 4 and all("--decode" in c and "--profile" in c for c in benches[:3])
     assert "--save-random" in benches[3]
     runs = [c.split()[1] for c in calls if c.startswith("memdefrag ")]
     assert runs == ["experiment=runtime"] * 2 and not any((tmp_path / "two" / "checkpoints").iterdir())
-    done, calls = run_gpu(tmp_path / "bad", "decode", "runtimes", ok=False)
-    assert done.stderr == ("run_gpu.sh: no part 'runtimes'; the parts: selfcheck speed decode peers runtime "
-                           "gpu_memory memoryllm report\n") and calls == [] and done.stdout == ""
+    for bad in ("runtimes", "decode peers"):
+        done, calls = run_gpu(tmp_path / bad.replace(" ", "_"), "decode", bad, ok=False)
+        assert done.stderr == (f"run_gpu.sh: no part '{bad}'; the parts: selfcheck speed decode peers runtime "
+                               "gpu_memory memoryllm report\n") and calls == [] and done.stdout == ""

@@ -339,9 +339,6 @@ def main(argv: list[str] | None = None) -> None:
         stand_ins = [former.next_fragment(memory, other.texts()[n - 1]) for other in others[1:args.repeats]]
         sessions = sessions_of(model, tokenizer, methods, backends, args.new_tokens, args.decode)
         per_session = timed(sessions, memory, stand_ins, questions, PeakMemory(model.device))
-        if args.profile:
-            profiled += [kernels(session, questions[-1], PROFILED).assign(n=n, method=method_name, backend=backend_name)
-                         for (method_name, backend_name), session in sessions.items()]
         anchor_ids = torch.cat([memory.text_ids(), format_prompt(tokenizer, questions[-1], "chat")])
         anchor = static_generate_ms(model, anchor_ids, args.new_tokens, args.repeats)
         for (method_name, backend_name), timing in per_session.items():
@@ -352,7 +349,22 @@ def main(argv: list[str] | None = None) -> None:
                          "ttft_vs_floor": timing["ttft_s"] / floors["floor_ttft_s"]})
         print(pd.DataFrame(rows).drop(columns="output").tail(len(sessions)).to_string(index=False),
               flush=True)
+        where, text = tabled(args, model, hardware, rows)       # written before profiling, which may fail
+        if args.profile:
+            profiled += profiles(sessions, questions[-1], n)
+            write(args.profile, f"{where}; one more question per method over the full memory, its {PROFILED} "
+                                f"costliest kernels and all of them",
+                  pd.concat(profiled).to_markdown(index=False, floatfmt=".3g") if profiled else "")
+    print(f"\n{where}\n{text}")
+
+
+def tabled(args: argparse.Namespace, model, hardware: Hardware, rows: list[dict]) -> tuple[str, str]:
+    """The header and the Markdown table of the rows so far, written to --out if given."""
     table = summarize(pd.DataFrame(rows))
+    compiled = ""
+    if args.decode == Decode.compiled:        # dynamo past its recompile limit runs the step uncompiled: say how many
+        from torch._dynamo.utils import counters
+        compiled = f" ({counters['stats']['unique_graphs']} graphs compiled in this process)"
     where = (f"model={args.shape or 'smollm2'}{' (random weights)' if args.shape else ''}, "
              f"device={model.device}, dtype={args.dtype}, threads={torch.get_num_threads()}, "
              f"dataset={args.dataset}, {args.new_tokens} generated tokens, best of {args.repeats} questions right "
@@ -361,17 +373,31 @@ def main(argv: list[str] | None = None) -> None:
              f"2 FLOPs per parameter per token run before the first at the matmul rate measured here "
              f"({hardware.flops / 1e12:.3g} TFLOP/s); the anchor: transformers' generate(cache_implementation="
              f"'static') per token over the fragments' text and the question ({'compiled, a CUDA graph' if model.device.type == 'cuda' else 'not compiled off a GPU'}), best of {args.repeats}; "
-             f"decode={args.decode or default_decode(model.device)}")
+             f"decode={args.decode or default_decode(model.device)}{compiled}")
     text = table.astype(object).where(table.notna(), "").to_markdown(index=False, floatfmt=".3g")
-    print(f"\n{where}\n{text}")
     if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(f"{where}\n\n{text}\n")
-    if args.profile:
-        ranked = pd.concat(profiled)[["n", "method", "backend", "kernel", "calls", "ms", "share"]]
-        with open(args.profile, "w") as handle:
-            handle.write(f"{where}; one more question per method over the full memory, its {PROFILED} costliest "
-                         f"kernels and all of them\n\n{ranked.to_markdown(index=False, floatfmt='.3g')}\n")
+        write(args.out, where, text)
+    return where, text
+
+
+def write(path: str, header: str, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(f"{header}\n\n{text}\n")
+
+
+def profiles(sessions: dict, question: str, n: int) -> list[pd.DataFrame]:
+    """Each session's kernels for one more question (text memory prefilled in full, as when timed); a profile that
+    fails (CUDA graphs under the profiler are not always supported) is one line, the tables already written."""
+    ranked = []
+    for (method_name, backend_name), session in sessions.items():
+        session.text.forget()
+        try:
+            ranked.append(kernels(session, question, PROFILED).assign(n=n, method=method_name,
+                                                                      backend=backend_name))
+        except Exception as err:        # noqa: BLE001 - the profiler's failure is a line, not the bench's end
+            print(f"memdefrag-bench: --profile: {method_name} at n={n} not profiled: {type(err).__name__}: {err}",
+                  flush=True)
+    return [frame[["n", "method", "backend", "kernel", "calls", "ms", "share"]] for frame in ranked]
 
 
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:

@@ -1,8 +1,8 @@
 """Where a question's time goes, kernel by kernel (`memdefrag-bench --profile FILE`): one more question per method
-under torch.profiler, its kernels (a GPU's, else the CPU's operators by their own time) ranked by time, with how
-many ran. A decode step at several times its floor is either many small kernels one after another or one kernel
-that reads its data slowly (an attention kernel over a long memory with too few blocks to fill the device); the
-table tells which."""
+under torch.profiler, its kernels (a GPU's, copies and fills among them, else the CPU's operators by their own
+time) ranked by time, with how many ran. A decode step at several times its floor is either many small kernels
+one after another or one kernel that reads its data slowly (an attention kernel over a long memory with too few
+blocks to fill the device); the table tells which."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def kernels(session, question: str, top: int) -> pd.DataFrame:
     kind = DeviceType.CUDA if cuda else DeviceType.CPU
     own = [(e.key[:NAME], e.count, (e.self_device_time_total if cuda else e.self_cpu_time_total) / 1000)
            for e in trace.key_averages() if e.device_type == kind]
-    table = pd.DataFrame(own, columns=["kernel", "calls", "ms"]).sort_values("ms", ascending=False)
+    table = (pd.DataFrame(own, columns=["kernel", "calls", "ms"]).groupby("kernel", as_index=False).sum()
+             .sort_values("ms", ascending=False))
     total = table["ms"].sum()
     table = pd.concat([table.head(top), pd.DataFrame([{"kernel": "(all)", "calls": table["calls"].sum(),
                                                        "ms": total}])])
