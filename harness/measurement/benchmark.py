@@ -364,7 +364,7 @@ def tabled(args: argparse.Namespace, model, hardware: Hardware, rows: list[dict]
     compiled = ""
     if args.decode == Decode.compiled:        # dynamo past its recompile limit runs the step uncompiled: say how many
         from torch._dynamo.utils import counters
-        compiled = f" ({counters['stats']['unique_graphs']} graphs compiled in this process)"
+        compiled = f" (graphs compiled in this process: {counters['stats']['unique_graphs']})"
     where = (f"model={args.shape or 'smollm2'}{' (random weights)' if args.shape else ''}, "
              f"device={model.device}, dtype={args.dtype}, threads={torch.get_num_threads()}, "
              f"dataset={args.dataset}, {args.new_tokens} generated tokens, best of {args.repeats} questions right "
