@@ -397,6 +397,14 @@ def test_an_sbatch_refusing_without_a_word_is_still_one_line(monkeypatch):
         check_request("#!/bin/bash\n", {"partition": "cpu", "timeout_min": 240, "signal_delay_s": 30})
 
 
+def requeue_handler(groups: Path, timeout_min: int, signal_delay_s: int, countdown: int, requeue=None) -> Requeue:
+    """A try's Requeue as Slurm.__call__ builds it, its job environment stood in (`requeue`: scontrol's part)."""
+    env = SimpleNamespace(paths=None, global_rank=0, _requeue=requeue)
+    delayed = DelayedSubmission(print)
+    delayed.set_timeout(timeout_min, countdown)
+    return Requeue(env, delayed, groups, {"timeout_min": timeout_min, "signal_delay_s": signal_delay_s})
+
+
 @pytest.mark.parametrize("exit_status", [-signal.SIGTERM, 1])
 def test_a_requeue_whose_scontrol_its_own_signal_ends_is_taken_and_another_failure_is_not(tmp_path, exit_status):
     """SLURM's signal before the limit, a group finished since the try began: `scontrol requeue` killed by the
@@ -407,10 +415,7 @@ def test_a_requeue_whose_scontrol_its_own_signal_ends_is_taken_and_another_failu
     def requeue(countdown):
         raise subprocess.CalledProcessError(exit_status, ["scontrol", "requeue", "7"])
 
-    env = SimpleNamespace(paths=None, global_rank=0, _requeue=requeue)
-    delayed = DelayedSubmission(print)
-    delayed.set_timeout(60, 3)
-    handler = Requeue(env, delayed, groups, {"timeout_min": 60, "signal_delay_s": 30})
+    handler = requeue_handler(groups, 60, 30, 3, requeue)
     groups.write_text('{"group": 0}\n')
     with pytest.raises(SystemExit if exit_status == -signal.SIGTERM else subprocess.CalledProcessError):
         handler.checkpoint_and_try_requeue(signal.SIGUSR2)
@@ -420,11 +425,8 @@ def test_slurms_signal_requeues_while_the_run_runs_and_not_once_it_has_returned(
     """A group finished, SLURM's signal inside `requeueing` requeues the try; the same signal after it (submitit
     writing the result the sweep is waiting for) is logged and requeues nothing."""
     requeued = []
-    env = SimpleNamespace(paths=None, global_rank=0, _requeue=requeued.append)
-    delayed = DelayedSubmission(print)
-    delayed.set_timeout(1, 3)
     groups = tmp_path / "groups.jsonl"
-    handler = Requeue(env, delayed, groups, {"timeout_min": 1, "signal_delay_s": 5})
+    handler = requeue_handler(groups, 1, 5, 3, requeued.append)
     groups.write_text('{"group": 0}\n')
     previous = signal.signal(signal.SIGUSR2, lambda *_: requeued.append("not requeueing's"))  # not pytest's death
     try:
@@ -441,10 +443,7 @@ def test_the_time_limit_signal_inside_a_plugins_guarded_call_stays_the_time_limi
     """SLURM's signal before the limit, no group finished, arriving while the task's `metrics` reads the first
     record (as it once did under CI): the run stops with the time limit's line, not the guard's line for an error
     of the task's own."""
-    env = SimpleNamespace(paths=None, global_rank=0)
-    delayed = DelayedSubmission(print)
-    delayed.set_timeout(1, 0)
-    handler = Requeue(env, delayed, tmp_path / "groups.jsonl", {"timeout_min": 1, "signal_delay_s": 5})
+    handler = requeue_handler(tmp_path / "groups.jsonl", 1, 5, 0)
     task = SimpleNamespace(metrics=lambda records: handler.checkpoint_and_try_requeue(signal.SIGUSR2))
     with pytest.raises(TimeLimit, match="^SLURM signalled the time limit before a group finished"):
         check_first_record(task, {"group": 0})
