@@ -187,26 +187,30 @@ def grouped_here(monkeypatch) -> list:
 
 @pytest.mark.parametrize("q_len", [1, 3])
 @pytest.mark.parametrize("mask", ["bool", "additive"])
-def test_attention_per_key_value_head_is_attention_over_copied_heads(mask, q_len):
+@pytest.mark.parametrize("kv_heads", [2, 8])
+@pytest.mark.parametrize("scale", [0.3, None])
+def test_attention_per_key_value_head_is_attention_over_copied_heads(mask, q_len, kv_heads, scale):
     """methods/attention/grouped.py: the query heads of a key/value head as its rows, each under its query's mask
-    row, give each head's output as copying the keys and values per query head does (transformers' repeat_kv)."""
+    row, give each head's output as copying the keys and values per query head does (transformers' repeat_kv); a
+    one-token query's (a decoding step's) two matrix products, grouped heads or not, give sdpa's output too."""
     from transformers.integrations.sdpa_attention import repeat_kv
     from methods.attention.grouped import packed
     generator = torch.Generator().manual_seed(0)
-    query, key, value = (torch.randn(*shape, generator=generator) for shape in ((1, 8, q_len, 16), (1, 2, 9, 16),
-                                                                               (1, 2, 9, 12)))
-    seen = torch.rand(1, 1, q_len, 9, generator=generator) > 0.3
+    query, key, value = (torch.randn(*shape, generator=generator)
+                         for shape in ((2, 8, q_len, 16), (2, kv_heads, 9, 16), (2, kv_heads, 9, 12)))
+    seen = torch.rand(2, 1, q_len, 9, generator=generator) > 0.3
     seen[..., 0] = True
     given = seen if mask == "bool" else torch.zeros(seen.shape).masked_fill(~seen, torch.finfo(torch.float).min)
-    copied = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, 4), repeat_kv(value, 4),
-                                                              attn_mask=given, scale=0.3).transpose(1, 2)
-    torch.testing.assert_close(packed(query, key, value, given, 0.3), copied)
+    group = 8 // kv_heads
+    copied = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, group), repeat_kv(value, group),
+                                                              attn_mask=given, scale=scale).transpose(1, 2)
+    torch.testing.assert_close(packed(query, key, value, given, scale), copied)
 
 
 def test_a_call_is_packed_only_where_packing_is_the_same_attention_in_less_memory(monkeypatch):
     """Not packed: a device outside PACKING_DEVICES, what sdpa applies beside the mask (soft-capping, dropout,
-    sinks), no mask (sdpa groups heads itself then), or a prompt so long that its mask repeated per group outweighs
-    the keys and values repeat_kv would copy."""
+    sinks), no mask (sdpa groups heads itself then), a prompt so long that its mask repeated per group outweighs
+    the keys and values repeat_kv would copy, or a prompt over ungrouped heads (a one-token query over them is)."""
     from types import SimpleNamespace
     from methods.attention import grouped
     module, key = SimpleNamespace(num_key_value_groups=4), torch.zeros(1, 2, 100, 16)
@@ -218,6 +222,7 @@ def test_a_call_is_packed_only_where_packing_is_the_same_attention_in_less_memor
     for applied in ({"softcap": 0.0}, {"dropout": 0.1}, {"s_aux": torch.zeros(8)}):
         assert not grouped.packs(module, query, key, mask, applied)
     assert not grouped.packs(SimpleNamespace(num_key_value_groups=1), torch.zeros(1, 2, 5, 16), key, mask, {})
+    assert grouped.packs(SimpleNamespace(num_key_value_groups=1), torch.zeros(1, 2, 1, 16), key, mask[:, :, :1], {})
     # per key position: 3 more rows of 4 bytes per query against 2·8·16·4 bytes copied: packed below 85.3 queries
     assert grouped.packs(module, torch.zeros(1, 8, 85, 16), key, torch.ones(1, 1, 85, 100, dtype=torch.bool), {})
     assert not grouped.packs(module, torch.zeros(1, 8, 86, 16), key, torch.ones(1, 1, 86, 100, dtype=torch.bool), {})
@@ -260,18 +265,20 @@ def test_a_trace_inside_grouped_attention_packs_the_layers_before_its_own(llama,
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_a_questions_attention_is_grouped_and_answers_as_without(tokenizer, monkeypatch):
     """On CUDA a question's masked attention, its prompt over the memory and its captured steps, is packed per
-    key/value head: in bf16 the packed attention is the copied one's within bf16's rounding, and a Top-2 read in
+    key/value head: in bf16 the packed attention (a step's two matrix products, over a read as long as vanilla's
+    at N_max, included) is the copied one's within bf16's rounding, and a Top-2 read in
     float32 answers as with packing turned off."""
     from transformers.integrations.sdpa_attention import repeat_kv
     from methods.attention import grouped
     from tests.conftest import tiny_model
-    query, key, value = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
-                         for shape in ((1, 8, 3, 64), (1, 2, 37, 64), (1, 2, 37, 64)))
-    mask = torch.rand(1, 1, 3, 37, device="cuda") > 0.3
-    mask[..., 0] = True
-    copied = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, 4), repeat_kv(value, 4),
-                                                              attn_mask=mask).transpose(1, 2)
-    torch.testing.assert_close(grouped.packed(query, key, value, mask), copied)
+    for q_len, kv_len in ((3, 37), (1, 37), (1, 12958)):          # a prompt, a short and a long decoding step
+        query, key, value = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+                             for shape in ((1, 8, q_len, 64), (1, 2, kv_len, 64), (1, 2, kv_len, 64)))
+        mask = torch.rand(1, 1, q_len, kv_len, device="cuda") > 0.3
+        mask[..., 0] = True
+        copied = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, 4), repeat_kv(value, 4),
+                                                                  attn_mask=mask).transpose(1, 2)
+        torch.testing.assert_close(grouped.packed(query, key, value, mask), copied)
     model = tiny_model("llama").cuda()
     calls = packed_calls(monkeypatch)
     packed_answers = answers(model, tokenizer, KVPrefixBackend, "top2", "captured")
