@@ -6,6 +6,7 @@ step's small elementwise kernels, which a graph still runs one after another).""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from enum import StrEnum
@@ -109,12 +110,38 @@ def next_id(model, keyword: str, ids: torch.Tensor, cache: Cache, position: torc
     return logits[0, -1].argmax().view(1, 1)
 
 
+# Free device memory under which a capture first empties the allocator's cache (a decoding step's own
+# allocations, which its graph's pool holds, are a few MB on the 8B shape: its logits and attention scores).
+CAPTURE_HEADROOM = 1 << 30
+
+
+@contextlib.contextmanager
+def side_stream(device: torch.device):
+    """Work queued on a stream of its own, after what the current stream holds and before what it queues next
+    (a capture cannot be made on the default stream)."""
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        yield
+    current.wait_stream(side)
+
+
+def make_room_to_capture(device: torch.device) -> None:
+    """Empty the allocator's cache only where the device has less than CAPTURE_HEADROOM free. torch.cuda.graph
+    empties it before every capture (and waits for the device): a question's capture would then hand back what its
+    trace and prefill left cached, and the next question's allocations would ask the driver for it again."""
+    if torch.cuda.mem_get_info(device)[0] < CAPTURE_HEADROOM:
+        torch.cuda.empty_cache()
+
+
 class CapturedStep:
     """The step on fixed tensors (the last id, its position) over `fixed(cache)`: run as is on a CPU; on a GPU the
     first step runs on a side stream (warm-up), the second is captured as a CUDA graph (recorded, not run) and
     every step from then on replays it. The graph is the read's: its cache is sized for this read only, and its
     private memory pool goes with it (a pool shared across reads is freed with its last graph, and a later capture
-    into the freed pool fails inside torch's allocator)."""
+    into the freed pool fails inside torch's allocator). The capture calls CUDAGraph.capture_begin/capture_end
+    itself, not torch.cuda.graph, so that it leaves the allocator's cache alone (`make_room_to_capture`)."""
 
     def __init__(self, model, cache, position: int, max_new_tokens: int):
         self.model, self.keyword = model, cache_keyword(model)
@@ -138,15 +165,17 @@ class CapturedStep:
         elif self.graph is not None:
             self.graph.replay()
         elif self.calls == 1:
-            side = torch.cuda.Stream(self.model.device)
-            side.wait_stream(torch.cuda.current_stream(self.model.device))
-            with torch.cuda.stream(side):
+            with side_stream(self.model.device):
                 self.forward()
-            torch.cuda.current_stream(self.model.device).wait_stream(side)
         else:
+            make_room_to_capture(self.model.device)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.forward()
+            with side_stream(self.model.device):
+                self.graph.capture_begin()
+                try:
+                    self.forward()
+                finally:                        # the stream leaves capture mode whatever happened inside
+                    self.graph.capture_end()
             self.graph.replay()
         return self.next.clone()
 

@@ -170,6 +170,27 @@ def test_the_cuda_graph_answers_as_the_eager_loop_on_cuda(tokenizer, read):
     assert on_graph == answers(model, tokenizer, KVPrefixBackend, read, "eager") and any(captured)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_capture_leaves_the_allocators_cache_alone_where_the_device_has_room(tokenizer, monkeypatch):
+    """A question's capture keeps what the allocator holds cached (torch.cuda.graph would hand it back to the driver
+    before every capture, and the next question's allocations would ask for it again); on a device short of free
+    memory (CAPTURE_HEADROOM raised past what it has) the cache is emptied first, and the answers stay the same."""
+    import methods.generation as generation
+    from tests.conftest import tiny_model
+    model = tiny_model("llama").cuda()
+    emptied = []
+    real_empty = torch.cuda.empty_cache
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1) or real_empty())
+    cached = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    del cached                                             # 256 MiB the allocator now holds cached
+    reserved = torch.cuda.memory_reserved()
+    roomy = answers(model, tokenizer, KVPrefixBackend, "vanilla", "captured")
+    assert not emptied and torch.cuda.memory_reserved() >= reserved
+    monkeypatch.setattr(generation, "CAPTURE_HEADROOM", torch.cuda.mem_get_info()[1] + 1)
+    assert answers(model, tokenizer, KVPrefixBackend, "vanilla", "captured") == roomy and emptied
+
+
 def packed_calls(monkeypatch) -> list:
     """The shapes of the queries methods/attention/grouped.py packs from now on."""
     from methods.attention import grouped
