@@ -136,6 +136,14 @@ def sessions_of(model, tokenizer, methods: dict, backends: dict, new_tokens: int
     return sessions
 
 
+def over(session: Session, sink, fragments: list[Fragment]) -> Session:
+    """The session reading a memory of `fragments` (its own list), its text memory to be prefilled in full (the
+    baseline the peers cut down), as every timed or profiled question is asked."""
+    session.memory = LatentMemory(sink, list(fragments))
+    session.text.forget()
+    return session
+
+
 def timed(sessions: dict, memory: LatentMemory, stand_ins: list[Fragment], questions: list[str],
           meter: PeakMemory) -> dict:
     """Per session: a question over the memory's first n-1 fragments (not timed); then each of `stand_ins`,
@@ -146,12 +154,8 @@ def timed(sessions: dict, memory: LatentMemory, stand_ins: list[Fragment], quest
     best drops it."""
 
     def ask(question: str, fragments: list[Fragment]) -> dict:
-        answers = {}
-        for key, session in sessions.items():
-            session.memory = LatentMemory(memory.sink, list(fragments))
-            session.text.forget()            # text memory is prefilled in full: the baseline the peers cut down
-            answers[key] = meter.ask(key, session, question)
-        return answers
+        return {key: meter.ask(key, over(session, memory.sink, fragments), question)
+                for key, session in sessions.items()}
 
     *earlier, last = memory.fragments
     updates = [*stand_ins, last]
@@ -351,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
               flush=True)
         where, text = tabled(args, model, hardware, rows)       # written before profiling, which may fail
         if args.profile:
-            profiled += profiles(sessions, questions[-1], n)
+            profiled += profiles(sessions, memory, questions[-1], n)
             write(args.profile, f"{where}; one more question per method over the full memory, its {PROFILED} "
                                 f"costliest kernels and all of them",
                   pd.concat(profiled).to_markdown(index=False, floatfmt=".3g") if profiled else "")
@@ -385,15 +389,14 @@ def write(path: str, header: str, text: str) -> None:
         handle.write(f"{header}\n\n{text}\n")
 
 
-def profiles(sessions: dict, question: str, n: int) -> list[pd.DataFrame]:
-    """Each session's kernels for one more question (text memory prefilled in full, as when timed); a profile that
+def profiles(sessions: dict, memory: LatentMemory, question: str, n: int) -> list[pd.DataFrame]:
+    """Each session's kernels for one more question over the full memory, asked as when timed; a profile that
     fails (CUDA graphs under the profiler are not always supported) is one line, the tables already written."""
     ranked = []
     for (method_name, backend_name), session in sessions.items():
-        session.text.forget()
         try:
-            ranked.append(kernels(session, question, PROFILED).assign(n=n, method=method_name,
-                                                                      backend=backend_name))
+            ranked.append(kernels(over(session, memory.sink, memory.fragments), question, PROFILED)
+                          .assign(n=n, method=method_name, backend=backend_name))
         except Exception as err:        # noqa: BLE001 - the profiler's failure is a line, not the bench's end
             print(f"memdefrag-bench: --profile: {method_name} at n={n} not profiled: {type(err).__name__}: {err}",
                   flush=True)
