@@ -76,9 +76,12 @@ def test_compiled_answers_are_the_eager_ones_and_reads_of_every_length_share_one
     assert counters["stats"]["unique_graphs"] - compiled == 1
 
 
-def test_the_captured_step_has_no_branch_on_a_device_value(llama, tokenizer):
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_captured_step_has_no_branch_on_a_device_value(llama, tokenizer, monkeypatch, packed):
     """What a CUDA graph captures must not wait for the device: dynamo traces the step whole (fullgraph) only if
-    no Python branch reads a tensor's value (a host sync on a GPU)."""
+    no Python branch reads a tensor's value (a host sync on a GPU); so too with its attention packed per key/value
+    head as on CUDA (a one-token query's two matrix products)."""
+    from methods.attention.grouped import grouped_attention
     backend = KVPrefixBackend(llama)
     session = Session(llama, tokenizer, backend, Vanilla(), "shared_sink", "plain", 8)
     for text in FRAGMENTS:
@@ -87,10 +90,12 @@ def test_the_captured_step_has_no_branch_on_a_device_value(llama, tokenizer):
     logits, cache, position = backend.prefill(session.memory, prompt, room=8, logits_to_keep=1)
     step = CapturedStep(llama, cache, position, 8)
     step.ids.copy_(logits[-1].argmax().view(1, 1))
+    calls = grouped_here(monkeypatch) if packed else []
     torch._dynamo.reset()
-    with torch.no_grad():
+    with torch.no_grad(), grouped_attention(llama):
         torch.compile(step.forward, fullgraph=True, backend="eager")()
     assert int(step.position) == position + 1
+    assert packed == bool(calls) and all(shape[2] == 1 for shape in calls)
 
 
 def test_decode_defaults_to_the_device_and_refuses_an_unknown_one(llama, tokenizer):
