@@ -115,12 +115,20 @@ def next_id(model, keyword: str, ids: torch.Tensor, cache: Cache, position: torc
 CAPTURE_HEADROOM = 1 << 30
 
 
+@functools.cache
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The device's one stream for warm-ups and captures: a capture cannot be made on the default stream, and
+    cuBLAS keeps a workspace per stream, which the warm-up makes before the capture (a new stream at every capture
+    would make one inside each graph's pool)."""
+    return torch.cuda.Stream(device)
+
+
 @contextlib.contextmanager
 def side_stream(device: torch.device):
-    """Work queued on a stream of its own, after what the current stream holds and before what it queues next
-    (a capture cannot be made on the default stream)."""
+    """Work queued on the device's capture stream, after what the current stream holds and before what it
+    queues next."""
     current = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device)
+    side = capture_stream(device)
     side.wait_stream(current)
     with torch.cuda.stream(side):
         yield
@@ -169,13 +177,14 @@ class CapturedStep:
                 self.forward()
         else:
             make_room_to_capture(self.model.device)
-            self.graph = torch.cuda.CUDAGraph()
+            graph = torch.cuda.CUDAGraph()
             with side_stream(self.model.device):
-                self.graph.capture_begin()
+                graph.capture_begin()
                 try:
                     self.forward()
                 finally:                        # the stream leaves capture mode whatever happened inside
-                    self.graph.capture_end()
+                    graph.capture_end()
+            self.graph = graph                  # replayed from now on: only a graph captured whole
             self.graph.replay()
         return self.next.clone()
 

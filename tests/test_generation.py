@@ -31,14 +31,19 @@ READS = {"none": (NoMemory, "shared_sink"), "text": (TextMemory, "shared_sink"),
          "cacheblend": (lambda: CacheBlend(0.5), "shared_sink")}
 
 
-def answers(model, tokenizer, backend, read: str, decode: str, new_tokens: int = 12) -> list[str]:
-    """Two questions' answers (the full budget: no stop id) over FRAGMENTS, decoding as `decode` says."""
+def asked(model, tokenizer, backend, read: str, decode: str, new_tokens: int = 12) -> list:
+    """Two questions' Answers (the full budget: no stop id) over FRAGMENTS, decoding as `decode` says."""
     method, formation = READS[read]
     session = Session(model, tokenizer, backend(model), method(), formation, "plain", new_tokens, decode=decode)
     session.stop = set()
     for text in FRAGMENTS:
         session.store(text)
-    return [session.ask(q).text for q in ("where did the cat sit", "what jumps")]
+    return [session.ask(q) for q in ("where did the cat sit", "what jumps")]
+
+
+def answers(model, tokenizer, backend, read: str, decode: str, new_tokens: int = 12) -> list[str]:
+    """The texts of `asked`."""
+    return [answer.text for answer in asked(model, tokenizer, backend, read, decode, new_tokens)]
 
 
 def test_captured_answers_are_the_eager_ones_on_every_family(family_model, tokenizer):
@@ -80,7 +85,7 @@ def test_compiled_answers_are_the_eager_ones_and_reads_of_every_length_share_one
 def test_the_captured_step_has_no_branch_on_a_device_value(llama, tokenizer, monkeypatch, packed):
     """What a CUDA graph captures must not wait for the device: dynamo traces the step whole (fullgraph) only if
     no Python branch reads a tensor's value (a host sync on a GPU); so too with its attention packed per key/value
-    head as on CUDA (a one-token query's two matrix products)."""
+    head as on CUDA (a one-token query's two matrix products; their float32 products as a CPU makes them)."""
     from methods.attention.grouped import grouped_attention
     backend = KVPrefixBackend(llama)
     session = Session(llama, tokenizer, backend, Vanilla(), "shared_sink", "plain", 8)
@@ -196,6 +201,18 @@ def test_a_capture_leaves_the_allocators_cache_alone_where_the_device_has_room(t
     assert answers(model, tokenizer, KVPrefixBackend, "vanilla", "captured") == roomy and emptied
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("decode", ["captured", "compiled"])
+def test_in_bf16_on_cuda_every_read_decodes_to_the_end_through_its_graph(tokenizer, decode):
+    """In bf16, as the 8B runs decode: the step's packed attention (its float32 products from cuBLAS), captured
+    as a graph, compiled by inductor or not, decodes every read's full budget (no stop id) on CUDA."""
+    from tests.conftest import tiny_model
+    model = tiny_model("llama").to("cuda", torch.bfloat16)
+    for read in sorted(READS):
+        assert [answer.tokens for answer in asked(model, tokenizer, KVPrefixBackend, read, decode)] == [12, 12], read
+
+
 def packed_calls(monkeypatch) -> list:
     """The shapes of the queries methods/attention/grouped.py packs from now on."""
     from methods.attention import grouped
@@ -302,9 +319,12 @@ def test_on_cuda_a_questions_attention_is_grouped_and_answers_as_without(tokeniz
                              for shape in ((1, 8, q_len, 64), (1, 2, kv_len, 64), (1, 2, kv_len, 64)))
         mask = torch.rand(1, 1, q_len, kv_len, device="cuda") > 0.3
         mask[..., 0] = True
-        copied = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, 4), repeat_kv(value, 4),
-                                                                  attn_mask=mask).transpose(1, 2)
-        torch.testing.assert_close(grouped.packed(query, key, value, mask), copied)
+        exact = torch.nn.functional.scaled_dot_product_attention(    # float32 over the same bf16 inputs
+            query.float(), repeat_kv(key, 4).float(), repeat_kv(value, 4).float(), attn_mask=mask).transpose(1, 2)
+        # bf16's rounding of the output and, in a step, of its weights (as flash attention rounds them): within
+        # a 64th of the output's scale, not relative to outputs near 0
+        torch.testing.assert_close(grouped.packed(query, key, value, mask).float(), exact, rtol=1.6e-2,
+                                   atol=2 ** -6 * exact.abs().max().item())
     model = tiny_model("llama").cuda()
     calls = packed_calls(monkeypatch)
     packed_answers = answers(model, tokenizer, KVPrefixBackend, "top2", "captured")

@@ -1,4 +1,5 @@
-"""A question's attention over grouped key/value heads on CUDA, without copying them per query head.
+"""A question's attention on CUDA over grouped key/value heads without copying them per query head, and its
+decoding steps' attention spread over the device.
 
 With grouped-query attention (Llama-3.1-8B: 32 query heads over 8 key/value heads) and a mask, transformers' sdpa on
 CUDA copies every key and value once per query head (`repeat_kv`), because CUDA's kernel that takes a mask cannot
@@ -14,8 +15,8 @@ A decoding step (one query token) is computed as two matrix products with a floa
 sdpa: CUDA's kernel that takes a mask runs one block per head and tile of query rows, so the 8B shape's step over
 a read of 12,958 positions runs on 8 of an H100's 132 multiprocessors, each streaming 6.6 MB of keys and values a
 layer (~0.25 ms a layer, about the 8 ms a token vanilla took beyond none on the H200), while cuBLAS spreads the
-same products over the device. The scores are float32 (cuBLAS accumulates the bf16 products in float32 and returns
-them so) and the weights meet the values in their dtype, as flash attention does.
+same products over the device, grouped heads or not. The scores are float32 (cuBLAS accumulates the bf16 products
+in float32 and returns them so) and the weights meet the values in their dtype, as flash attention does.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def packs(module, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.
     group (beyond one query row; a boolean one made additive in the query's dtype) smaller than the keys and values
     repeat_kv copies for every query head."""
     if (getattr(module, "num_key_value_groups", 1) < 2 and query.shape[2] > 1) \
-            or query.device.type not in PACKING_DEVICES \
+            or query.device.type not in PACKING_DEVICES or key.shape[0] != query.shape[0] \
             or attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[1] != 1 \
             or attention_mask.shape[2] not in (1, query.shape[2]) \
             or any(kwargs.get(name) is not None for name in ("softcap", "s_aux", "position_bias")) \
@@ -71,24 +72,30 @@ def packed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attentio
 def stepped(rows: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor,
             scale: float | None = None) -> torch.Tensor:
     """sdpa's attention [batch, kv_heads, rows, d] for a decoding step's few rows per key/value head, as two
-    batched matrix products: the scores in float32, softmax'd under the mask, the weights in the values' dtype."""
+    batched matrix products: the scores in float32, softmax'd under the mask, the weights in the values' dtype.
+    Every row sees at least one key (a step sees its own position): a row masked whole would be NaN, not sdpa's 0."""
     batch, kv_heads, n_rows, width = rows.shape
-    heads = batch * kv_heads
-    scores = float32_products(rows.reshape(heads, n_rows, width), key.reshape(heads, -1, width).mT)
+    matrices = batch * kv_heads
+    scores = float32_products(rows.reshape(matrices, n_rows, width), key.reshape(matrices, -1, width).mT)
     scores = scores.view(batch, kv_heads, n_rows, -1) * (width ** -0.5 if scale is None else scale)
     if attn_mask.dtype == torch.bool:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
     else:
         scores = scores + attn_mask
     weights = scores.softmax(dim=-1).to(value.dtype)
-    return torch.bmm(weights.view(heads, n_rows, -1), value.reshape(heads, -1, value.shape[-1])).view(
+    return torch.bmm(weights.view(matrices, n_rows, -1), value.reshape(matrices, -1, value.shape[-1])).view(
         batch, kv_heads, n_rows, -1)
 
 
+# Whether this torch's bmm returns float32 products of half-precision inputs (on CUDA; torch.bmm's out_dtype).
+BMM_OUT_DTYPE = "dtype" in torch.ops.aten.bmm.overloads()
+
+
 def float32_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b (batched) in float32: on CUDA half-precision inputs stay as they are (cuBLAS accumulates their
-    products in float32 and returns them so), elsewhere they are made float32 (no copy where they are)."""
-    if a.is_cuda and a.dtype in (torch.float16, torch.bfloat16):
+    """a @ b (batched) in float32: on CUDA half-precision inputs stay as they are where torch can (cuBLAS
+    accumulates their products in float32 and returns them so), elsewhere they are made float32 (no copy where
+    they are)."""
+    if BMM_OUT_DTYPE and a.is_cuda and a.dtype in (torch.float16, torch.bfloat16):
         return torch.bmm(a, b, out_dtype=torch.float32)
     return torch.bmm(a.float(), b.float())
 
