@@ -98,14 +98,12 @@ class EagerStep:
         self.done = 0
 
     def __call__(self, last: torch.Tensor) -> torch.Tensor:
-        step = self.model(input_ids=last, **{self.keyword: self.cache},
-                          position_ids=self.positions[:, self.done:self.done + 1], use_cache=True)
         self.done += 1
-        return step.logits[0, -1].argmax().view(1, 1)
+        return next_id(self.model, self.keyword, last, self.cache, self.positions[:, self.done - 1:self.done])
 
 
 def next_id(model, keyword: str, ids: torch.Tensor, cache: Cache, position: torch.Tensor) -> torch.Tensor:
-    """One step's greedy id [1, 1] on the device, the cache written in place."""
+    """One step's greedy id [1, 1] on the device, the cache written in place (grown, for the eager step's)."""
     logits = model(input_ids=ids, **{keyword: cache}, position_ids=position, use_cache=True).logits
     return logits[0, -1].argmax().view(1, 1)
 
