@@ -367,7 +367,7 @@ class LoCoMo:
                 "evidence_sessions": list(question.evidence), "memory_tokens": session.memory.n_tokens,
                 "used_tokens": answer.memory_tokens, "conversation_tokens": conversation.tokens,
                 "target_rank": best_rank(held, answer.densities),
-                "seconds": {**(updates if n == 0 else {}), **answer.seconds},
+                "seconds": {**(updates if n == 0 else {}), **answer.seconds}, **answer.peaks(),
                 **({} if answer.read is None or not held else {"target_read": any(f in answer.read for f in held)}),
                 **answer.ranked(),
                 **({"evidence_rank_by_layer": by_layer} if by_layer else {}),

@@ -361,7 +361,7 @@ class LongBench:
             "used_tokens": answer.memory_tokens,
             "answer_chunks": [ids.index(fid) for fid in holding],
             "target_rank": best_rank(holding, answer.densities), **answer.ranked(),
-            "seconds": {**updates, **answer.seconds},
+            "seconds": {**updates, **answer.seconds}, **answer.peaks(),
             **self.bertscore.describe(),
         }
 

@@ -117,7 +117,7 @@ class Retention:
                 "target_tokens": session.memory.length_of(target_id),
                 "target_rank": rank_of(target_id, answer.densities), **answer.ranked(),
                 "target_position": ids.index(target_id) + 1 if target_id in ids else None,
-                "seconds": {**stored, **answer.seconds}, **observed,
+                "seconds": {**stored, **answer.seconds}, **observed, **answer.peaks(),
                 **({} if answer.read is None else {"target_read": target_id in answer.read}),
             }
             stored = Counter()

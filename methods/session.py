@@ -6,7 +6,7 @@ This is the shared machinery every method uses; methods only choose the Plan.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,6 +19,7 @@ from methods.formation import Former, default_formation_batch, formation_header
 from methods.errors import one_of
 from methods.generation import Decode, clock, default_decode, greedy, stop_ids
 from methods.memory import LatentMemory
+from methods.peaks import PeakWatch, highest
 from methods.prompting import format_prompt, read_prompt
 from methods.backends.text_prefix import TextPrefix
 from methods.window import Window
@@ -39,10 +40,17 @@ class Answer:
     recomputed: float = 0.0       # memory positions computed for the answer, averaged over the layers (text: all
                                   # of its tokens, unless a held prefix of them is reused)
     scored_by: str = "density"
+    peak_mb: dict[str, dict[str, float]] = field(default_factory=dict)   # on a GPU, the phases since the previous
+                                  # question (its stores' and its own) that raised the allocator's running peak:
+                                  # MiB allocated as each began and the peak it rose to (methods/peaks.py)
 
     def ranked(self) -> dict:
         """For a record with a rank under `densities`: what ranked, where it was not attention density."""
         return {} if self.scored_by == "density" else {"ranked_by": self.scored_by}
+
+    def peaks(self) -> dict:
+        """For a record: the phases that raised the device's peak, where any did (on a GPU)."""
+        return {"peak_mb": self.peak_mb} if self.peak_mb else {}
 
 
 class Session:
@@ -76,6 +84,7 @@ class Session:
                                  header=header, batch=formation_batch or default_formation_batch(model.device))
             self.memory = LatentMemory()
         self.update_seconds: dict[str, float] = {}     # the last store's formation and forgetting
+        self.stored_peak_mb: dict[str, dict] = {}      # the stores' since the last question (Answer.peak_mb)
         self.text = TextPrefix(model)                   # plain-token memory (text, none)
         self.stop = stop_ids(model, tokenizer)          # ids that end an answer (empty: always the full budget)
 
@@ -90,18 +99,23 @@ class Session:
         """Form one fragment and admit it, forgetting to stay within capacity; returns its id.
         reuse: the text recurs (see Former.next_fragment)."""
         self.backend.forget_trace()         # not held beside the forward that forms the fragment
+        peaks = PeakWatch(self.model.device)
         start = clock(self.model.device)
         kept = self.compressor(text, self.model, self.tokenizer)
         compressed = clock(self.model.device)
+        peaks.end("compression")
         if kept is not None:
             before = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
             self.compressed.append({"tokens": before, "kept": len(kept), "seconds": compressed - start})
             text = self.tokenizer.decode(kept)
         fragment = self.former.next_fragment(self.memory, text, reuse, kept)
         formed = clock(self.model.device)
+        peaks.end("formation")
         self.forgetting.admit(self.memory, fragment)
         self.update_seconds = {"compression": compressed - start, "formation": formed - compressed,
                                "forgetting": clock(self.model.device) - formed, **self.method.stored(fragment)}
+        peaks.end("forgetting")
+        self.stored_peak_mb = highest(self.stored_peak_mb, peaks.raised)
         return fragment.fid
 
     def store_all(self, texts, reuse: bool = False) -> tuple[list[int], dict[str, float]]:
@@ -138,11 +152,13 @@ class Session:
         prompt_ids = self.prompt_ids(question, prompt)
         max_new_tokens = max_new_tokens or self.max_new_tokens
         device = self.model.device
+        peaks = PeakWatch(device)
         t0 = clock(device)
         with grouped_attention(self.model):     # the trace's forward and the read's, on CUDA (grouped.py)
             plan = taken(self.method.plan(self.memory, prompt_ids, self.backend,
                                           Question(question, frozenset(targets))), self.method, self.memory)
             t1 = clock(device)
+            peaks.end("plan")
             latent = plan.latent
             with plan.reading.attention(self.model, latent), self.window.answering(max_new_tokens):
                 if latent is not None:
@@ -157,12 +173,17 @@ class Session:
                     logits, cache, position = self.text.prefill(text_ids, prompt_ids)
                     memory_tokens = len(text_ids)
                 t2 = clock(device)
+                peaks.end("prefill")
                 self.window.decode()
                 new_ids = greedy(self.model, logits, cache, position, max_new_tokens, self.stop, decode=self.decode)
                 t3 = clock(device)
+                peaks.end("decode")
         recomputed = float(memory_tokens) if latent is None else \
             plan.reading.recomputed(latent.n_tokens, num_layers(self.model.config))     # text: every token runs
         dens = {} if plan.densities is None else dict(zip(self.memory.ids(), plan.densities.tolist()))
-        return Answer(self.tokenizer.decode(new_ids, skip_special_tokens=True), memory_tokens, dens,
-                      {**(plan.seconds or {"plan": t1 - t0}), "prefill": t2 - t1, "decode": t3 - t2}, len(new_ids),
-                      plan.read, len(prompt_ids), recomputed, plan.scored_by)
+        answer = Answer(self.tokenizer.decode(new_ids, skip_special_tokens=True), memory_tokens, dens,
+                        {**(plan.seconds or {"plan": t1 - t0}), "prefill": t2 - t1, "decode": t3 - t2},
+                        len(new_ids), plan.read, len(prompt_ids), recomputed, plan.scored_by,
+                        highest(self.stored_peak_mb, peaks.raised))
+        self.stored_peak_mb = {}
+        return answer

@@ -181,3 +181,24 @@ def test_each_fragment_of_a_batch_on_cuda_is_its_solo_prefill(tokenizer):
     model = tiny_model("llama").cuda()
     assert_same(stored(model, tokenizer, "shared_sink", "solo"), stored(model, tokenizer, "shared_sink", "batched"),
                 atol=FLOAT32_ON_CUDA.numbers)
+
+
+def test_the_phases_that_raised_the_devices_peak_are_noted_up_to_the_peak_itself(tokenizer):
+    """methods/peaks.py on the real allocator: the stores' and the question's phases that raised the running peak
+    are named in the answer, the highest at the peak the allocator reports, and a phase made to hold more than
+    anything before it (a formation of a long fragment) is among them."""
+    from methods.backends.kv_prefix import KVPrefixBackend
+    from methods.memdefrag import MemDefrag
+    from methods.session import Session
+    from tests.conftest import tiny_model
+
+    model = tiny_model("llama", max_position_embeddings=8192).cuda()
+    session = Session(model, tokenizer, KVPrefixBackend(model), MemDefrag(2, 1, "mean"), "shared_sink", "plain", 8)
+    session.store("a short one")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    session.store("a much longer fragment " * 200)
+    answer = session.ask("where is the cat?")
+    assert "formation" in answer.peak_mb
+    assert max(rise["peak"] for rise in answer.peak_mb.values()) == torch.cuda.max_memory_allocated() / 2**20
+    assert all(rise["start"] < rise["peak"] for rise in answer.peak_mb.values())

@@ -269,15 +269,43 @@ def runtime_section(runs) -> tuple[Section, Section]:
                         "18.11, vanilla 23.03, Top-2 19.73. "
                         "On a GPU the CUDA allocator's peak of each run; on a CPU the process's peak RSS, which "
                         "covers every job a process ran before (run a sweep with hydra/launcher=local for one "
-                        "process per job).")
+                        "process per job)." + peak_phases(runs))
     return runtime, memory
+
+
+def peak_phases(runs) -> str:
+    """Where each tab:gpu-memory run whose records name the phases that raised the CUDA allocator's peak
+    (methods/peaks.py) reached it: the phase that raised it highest, with what was allocated as that phase began,
+    or outside the timed phases where the job's peak is above theirs. Empty where no run recorded them (a CPU's,
+    or one older than the records' field)."""
+    chosen = [r for r in runs if r.study == "gpu_memory" and r.info]
+    where = []
+    for run, label in zip(chosen, run_columns(chosen, "tab:gpu_memory")):
+        rises = [(rise["peak"], rise["start"], phase, record["step"])
+                 for record in read_jsonl(run.folder / "predictions.jsonl")
+                 for phase, rise in record.get("peak_mb", {}).items()]
+        if not rises:
+            continue
+        peak, start, phase, step = max(rises)
+        at = f"{phase}, step {step}: {in_gb(peak):.2f}, from {in_gb(start):.2f} as it began"
+        job = run.info.get("peak_memory", {}).get("cuda_mb", peak)
+        where.append(f"{run.info.get('model')} {label}: " +
+                     (at if job <= peak else f"outside the timed phases (highest in them {at})"))
+    return "" if not where else (" Where each GPU run reached its peak (the timed phase that raised the allocator's "
+                                 "peak highest; a store's phases count toward the next question's step): "
+                                 + "; ".join(where) + ".")
 
 
 def peak_gb(peak: dict) -> float | None:
     """The CUDA allocator's peak where a GPU was used, else the process's peak RSS (both recorded in MiB), in GB
     (10^9 bytes, the paper's unit)."""
     value = peak.get("cuda_mb", peak.get("cpu_rss_mb"))
-    return None if value is None else value * 2**20 / 1e9
+    return None if value is None else in_gb(value)
+
+
+def in_gb(mib: float) -> float:
+    """MiB, as runs record memory, in GB (10^9 bytes), as the paper's tables give it."""
+    return mib * 2**20 / 1e9
 
 
 INTERVALS = "Each accuracy with its 95 % Wilson interval over the questions at that step, in brackets."
