@@ -19,7 +19,7 @@ from methods.formation import Former, default_formation_batch, formation_header
 from methods.errors import one_of
 from methods.generation import Decode, clock, default_decode, greedy, stop_ids
 from methods.memory import LatentMemory
-from methods.peaks import PeakWatch, highest
+from methods.phase_peaks import PeakWatch
 from methods.prompting import format_prompt, read_prompt
 from methods.backends.text_prefix import TextPrefix
 from methods.window import Window
@@ -42,7 +42,7 @@ class Answer:
     scored_by: str = "density"
     peak_mb: dict[str, dict[str, float]] = field(default_factory=dict)   # on a GPU, the phases since the previous
                                   # question (its stores' and its own) that raised the allocator's running peak:
-                                  # MiB allocated as each began and the peak it rose to (methods/peaks.py)
+                                  # MiB allocated as each began and the peak it rose to (methods/phase_peaks.py)
 
     def ranked(self) -> dict:
         """For a record with a rank under `densities`: what ranked, where it was not attention density."""
@@ -84,7 +84,7 @@ class Session:
                                  header=header, batch=formation_batch or default_formation_batch(model.device))
             self.memory = LatentMemory()
         self.update_seconds: dict[str, float] = {}     # the last store's formation and forgetting
-        self.stored_peak_mb: dict[str, dict] = {}      # the stores' since the last question (Answer.peak_mb)
+        self.stored_peak_mb: dict[str, dict[str, float]] = {}  # the stores' since the last question (Answer.peak_mb)
         self.text = TextPrefix(model)                   # plain-token memory (text, none)
         self.stop = stop_ids(model, tokenizer)          # ids that end an answer (empty: always the full budget)
 
@@ -115,7 +115,7 @@ class Session:
         self.update_seconds = {"compression": compressed - start, "formation": formed - compressed,
                                "forgetting": clock(self.model.device) - formed, **self.method.stored(fragment)}
         peaks.end("forgetting")
-        self.stored_peak_mb = highest(self.stored_peak_mb, peaks.raised)
+        self.stored_peak_mb |= peaks.raised             # a later rise of a phase is the higher
         return fragment.fid
 
     def store_all(self, texts, reuse: bool = False) -> tuple[list[int], dict[str, float]]:
@@ -184,6 +184,6 @@ class Session:
         answer = Answer(self.tokenizer.decode(new_ids, skip_special_tokens=True), memory_tokens, dens,
                         {**(plan.seconds or {"plan": t1 - t0}), "prefill": t2 - t1, "decode": t3 - t2},
                         len(new_ids), plan.read, len(prompt_ids), recomputed, plan.scored_by,
-                        highest(self.stored_peak_mb, peaks.raised))
+                        self.stored_peak_mb | peaks.raised)
         self.stored_peak_mb = {}
         return answer

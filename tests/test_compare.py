@@ -42,6 +42,12 @@ def test_equal_runs_are_equal_even_with_other_threads_and_paths(tmp_path):
     assert report.equal and report.time_ratio["total"] == pytest.approx(1.0)
 
 
+def test_a_gpus_record_of_the_phases_that_raised_its_memory_peak_is_not_an_answer_that_moved(tmp_path):
+    """`peak_mb` (methods/phase_peaks.py) is the machine's, as `seconds` is: a CUDA run against the CPU's records."""
+    report = compared(tmp_path, edited("peak_mb", {"formation": {"start": 10.0, "peak": 20.0}}))
+    assert report.equal and report.changed == []
+
+
 def test_a_changed_output_is_reported_with_both_texts(tmp_path):
     report = compared(tmp_path, edited("output", "another answer"))
     assert not report.equal

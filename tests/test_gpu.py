@@ -184,7 +184,7 @@ def test_each_fragment_of_a_batch_on_cuda_is_its_solo_prefill(tokenizer):
 
 
 def test_the_phases_that_raised_the_devices_peak_are_noted_up_to_the_peak_itself(tokenizer):
-    """methods/peaks.py on the real allocator: the stores' and the question's phases that raised the running peak
+    """methods/phase_peaks.py on the real allocator: the stores' and the question's phases that raised the running peak
     are named in the answer, the highest at the peak the allocator reports, and a phase made to hold more than
     anything before it (a formation of a long fragment) is among them."""
     from methods.backends.kv_prefix import KVPrefixBackend

@@ -123,7 +123,7 @@ def test_a_jobs_peak_window_opens_after_the_self_check(tmp_path, tiny_checkpoint
     calls = []
     verify = selfcheck.verify
     monkeypatch.setattr(selfcheck, "verify", lambda *args: calls.append("self-check") or verify(*args))
-    monkeypatch.setattr(runner, "reset_peak_memory", lambda: calls.append("peak reset"))
+    monkeypatch.setattr(runner, "reset_peak_memory", lambda device: calls.append("peak reset"))
     runner.run(tiny_run_config(tiny_checkpoint, "method=memdefrag_top1", "task.groups=1"), str(tmp_path / "run"))
     assert calls == ["self-check", "peak reset"]
 
@@ -223,33 +223,3 @@ def test_a_fragment_forgetting_cuts_is_not_kept_alive_by_the_trace(tokenizer):
     replaced = [ref for ref in before if all(ref() is not f for f in session.memory.fragments)]
     assert replaced and all(ref() is None for ref in replaced)
 
-
-def test_a_phase_is_noted_only_where_it_raised_the_devices_running_peak(monkeypatch):
-    """methods/peaks.py on the allocator's running peak as CUDA reports it (scripted here: a CPU has none; the GPU
-    tier reads the real one): a phase that raised it is noted with the peak it rose to, one that did not is not,
-    and the watches of several stores and a question merge at each phase's highest."""
-    from methods.peaks import PeakWatch, highest
-
-    peaks = iter([100, 100, 300, 300, 250 * 2**20, 400 * 2**20])      # start, then one per phase's end
-    allocated = iter([50, 60, 70, 80, 90 * 2**20, 100 * 2**20])        # the same moments
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: next(peaks))
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: next(allocated))
-    watch = PeakWatch(torch.device("cuda"))
-    for phase in ("compression", "formation", "forgetting", "plan", "decode"):
-        watch.end(phase)
-    assert watch.raised == {"formation": {"start": 60 / 2**20, "peak": 300 / 2**20},
-                            "plan": {"start": 80 / 2**20, "peak": 250.0}, "decode": {"start": 90.0, "peak": 400.0}}
-    low, high = {"start": 1.0, "peak": 2.0}, {"start": 3.0, "peak": 5.0}
-    assert highest({"formation": low}, {"formation": high, "decode": low}) == {"formation": high, "decode": low}
-    cpu = PeakWatch(torch.device("cpu"))
-    cpu.end("decode")
-    assert cpu.raised == {}
-
-
-def test_off_a_gpu_answers_and_records_carry_no_device_peak(tokenizer):
-    """A CPU's records stay as they were (no `peak_mb`): the regression cache's records are a CPU's."""
-    model = tiny_llama()
-    session = Session(model, tokenizer, KVPrefixBackend(model), MemDefrag(2, 1, "mean"), "shared_sink", "plain", 4)
-    session.store("the cat sat on the mat")
-    answer = session.ask("where is the cat?")
-    assert answer.peak_mb == {} and answer.peaks() == {}

@@ -100,22 +100,27 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
 
 
 def test_tab_gpu_memory_says_in_which_phase_each_gpu_run_reached_its_peak(tmp_path):
-    """From the records' `peak_mb` (methods/peaks.py): the phase that raised the peak highest, with its step; a job
-    whose peak lies above every timed phase's says so; a run without them (a CPU's) is not named."""
+    """From the records' `peak_mb` (methods/phase_peaks.py): the phase that raised the peak highest, with its step;
+    a job whose peak lies above every timed phase's says so, one below them (a resumed run's last process) too; a
+    run without them (a CPU's) is not named."""
     info = {"threads": 1, "model": "llama31_8b", "device": "cuda:0", "dtype": "bfloat16"}
     record = {"group": 0, "step": 50, "correct": False, "target_rank": 1,
               "peak_mb": {"formation": {"start": 16_000.0, "peak": 17_000.0},
                           "plan": {"start": 17_500.0, "peak": 18_157.0},
                           "decode": {"start": 17_500.0, "peak": 18_100.0}}}
-    for method, job_mb in (("memdefrag_top2", 18_157.0), ("vanilla", 18_867.0)):
+    for method, job_mb in (("memdefrag_top2", 18_157.0), ("vanilla", 18_867.0), ("memdefrag_top1", 17_900.0)):
         fake_run(tmp_path / "g" / method, "Retention", method, [record], "informativeness",
                  {**info, "peak_memory": {"cuda_mb": job_mb}}, study="gpu_memory")
-    fake_run(tmp_path / "c" / "none", "Retention", "none", [{**record, "peak_mb": {}}], "informativeness",
+    fake_run(tmp_path / "c" / "none", "Retention", "none", [{k: v for k, v in record.items() if k != "peak_mb"}],
+             "informativeness",
              {**info, "device": "cpu", "peak_memory": {"cpu_rss_mb": 1300.0}}, study="gpu_memory")
     memory = write(tmp_path).read_text().split("(`tab:gpu-memory`)")[1].split("\n## ")[0]
-    assert "llama31_8b memdefrag_top2+informativeness: plan, step 50: 19.04, from 18.35 as it began" in memory
-    assert "llama31_8b vanilla+informativeness: outside the timed phases (highest in them plan, step 50: 19.04, " \
-           "from 18.35 as it began)" in memory
+    at = "plan at step 50, 19.04 GB (from 18.35 GB allocated as it began)"
+    assert f"llama31_8b, nqa, memdefrag_top2+informativeness: {at}" in memory
+    assert f"llama31_8b, nqa, vanilla+informativeness: outside the timed phases, 19.78 GB (the highest of them: {at})" \
+        in memory
+    assert f"memdefrag_top1+informativeness: {at}, in an earlier process of this resumed run (its last process's " \
+           "peak: 18.77 GB)" in memory
     assert "none+informativeness:" not in memory
 
 

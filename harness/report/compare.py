@@ -7,9 +7,9 @@ flips, every other recorded value that moved (the target's density rank, memory 
 metrics, a probe's ranks), the per-step metrics' deltas, and the time ratio B/A per phase. Text must be
 equal; numbers within --tol (absolute, default 1e-6: float noise), what another model scores from the
 answer's text (BERTScore) within --tol-scored (default 1e-4: it moves with that model's library, e.g. a
-transformers release, when no answer moved); timings never fail unless
---max-slowdown is given. Exit 0 when every pair is equal, 1 otherwise, 2 on bad input. A Markdown report
-goes to stdout (or --markdown FILE) and a machine-readable one to --json FILE.
+transformers release, when no answer moved); timings never fail unless --max-slowdown is given; the phases
+that raised a GPU's memory peak (`peak_mb`) are not compared. Exit 0 when every pair is equal, 1 otherwise, 2 on
+bad input. A Markdown report goes to stdout (or --markdown FILE) and a machine-readable one to --json FILE.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from harness.results.folder import ResultFolder, as_of_now, atomic_write, read_c
 from harness.results.summary import phase_totals, run_folders
 
 IDENTITY = ("group", "step", "position", "subset", "id", "layer")     # what names a question within a run
-TIMING = ("seconds",)
+MEASURED = ("seconds", "peak_mb")     # how long and how much memory: the machine's, not the answer's
 IGNORED = ResultFolder.FREE
 SCORED = ("bertscore",)                # numbers computed by another model from the answer's text
 
@@ -124,7 +124,7 @@ def compare_runs(name: str, a: Path, b: Path, tolerance: Tolerance) -> PairRepor
         report.missing.append({"question": dict(question), "in": "A" if question in left else "B"})
     for question in sorted(left.keys() & right.keys(), key=str):
         x, y = left[question], right[question]
-        for key in sorted((x.keys() | y.keys()) - set(IDENTITY) - set(TIMING)):
+        for key in sorted((x.keys() | y.keys()) - set(IDENTITY) - set(MEASURED)):
             if same(x.get(key), y.get(key), tolerance.of(key)):
                 continue
             entry = {"question": dict(question), "field": key, "a": x.get(key), "b": y.get(key)}

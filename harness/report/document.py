@@ -224,10 +224,9 @@ def study_table(runs, study: str, value) -> tuple[pd.DataFrame, str] | None:
     """Datasets as rows, methods as columns (baselines first, then by method): value(run) of the runs of one
     experiment (`study`) and of the released MemoryLLM baselines; and a caption naming model, device, dtype and
     threads. None without such runs."""
-    chosen = [r for r in runs if (r.study == study or r.baseline) and r.info]
+    chosen, labels = study_runs(runs, study)
     if not any(r.study == study for r in chosen):
         return None
-    labels = run_columns(chosen, f"tab:{study}")
     frame = pd.DataFrame([{"dataset": f"{named(r, r.config['task']['dataset'])} ({r.info.get('model')}, "
                                       f"{r.info.get('device')})", "method": label, "value": value(r)}
                           for r, label in zip(chosen, labels)])        # a CPU's and a GPU's runs on rows of their own
@@ -239,6 +238,12 @@ def study_table(runs, study: str, value) -> tuple[pd.DataFrame, str] | None:
                for key in ("model", "device", "dtype", "threads", "groups", "decode", "formation_batch",
                            "reuse_formed")}
     return table, "; ".join(f"{key} {'/'.join(values)}" for key, values in setting.items())
+
+
+def study_runs(runs, study: str) -> tuple[list[Run], list[str]]:
+    """The runs of one experiment (`study`) and the released MemoryLLM baselines, and each one's column."""
+    chosen = [r for r in runs if (r.study == study or r.baseline) and r.info]
+    return chosen, run_columns(chosen, f"tab:{study}")
 
 
 BEFORE_THE_SETTING = {"formation_batch": "solo"}     # what a run made before a caption's setting existed did
@@ -275,24 +280,25 @@ def runtime_section(runs) -> tuple[Section, Section]:
 
 def peak_phases(runs) -> str:
     """Where each tab:gpu-memory run whose records name the phases that raised the CUDA allocator's peak
-    (methods/peaks.py) reached it: the phase that raised it highest, with what was allocated as that phase began,
-    or outside the timed phases where the job's peak is above theirs. Empty where no run recorded them (a CPU's,
+    (methods/phase_peaks.py) reached it: the phase that raised it highest, from what was allocated as it began;
+    or outside the timed phases, where the job's peak is above theirs. Empty where no run recorded them (a CPU's,
     or one older than the records' field)."""
-    chosen = [r for r in runs if r.study == "gpu_memory" and r.info]
     where = []
-    for run, label in zip(chosen, run_columns(chosen, "tab:gpu_memory")):
-        rises = [(rise["peak"], rise["start"], phase, record["step"])
-                 for record in read_jsonl(run.folder / "predictions.jsonl")
-                 for phase, rise in record.get("peak_mb", {}).items()]
+    for run, label in zip(*study_runs(runs, "gpu_memory")):
+        rises = [(rise["peak"], rise["start"], phase, f"step {r['step']}" if "step" in r else f"group {r['group']}")
+                 for r in read_jsonl(run.folder / "predictions.jsonl") for phase, rise in r.get("peak_mb", {}).items()]
         if not rises:
             continue
-        peak, start, phase, step = max(rises)
-        at = f"{phase}, step {step}: {in_gb(peak):.2f}, from {in_gb(start):.2f} as it began"
+        peak, start, phase, question = max(rises)
+        at = f"{phase} at {question}, {in_gb(peak):.2f} GB (from {in_gb(start):.2f} GB allocated as it began)"
         job = run.info.get("peak_memory", {}).get("cuda_mb", peak)
-        where.append(f"{run.info.get('model')} {label}: " +
-                     (at if job <= peak else f"outside the timed phases (highest in them {at})"))
+        if job > peak + 1:
+            at = f"outside the timed phases, {in_gb(job):.2f} GB (the highest of them: {at})"
+        elif job < peak - 1:
+            at += f", in an earlier process of this resumed run (its last process's peak: {in_gb(job):.2f} GB)"
+        where.append(f"{run.info.get('model')}, {run.config['task']['dataset']}, {label}: {at}")
     return "" if not where else (" Where each GPU run reached its peak (the timed phase that raised the allocator's "
-                                 "peak highest; a store's phases count toward the next question's step): "
+                                 "peak highest; a store's phases count toward the next question): "
                                  + "; ".join(where) + ".")
 
 

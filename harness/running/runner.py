@@ -55,18 +55,19 @@ def formed_fragments(spec: ModelSpec) -> FormedFragments:
     return _FORMED.setdefault(key, FormedFragments(FORMED_BYTES))
 
 
-def reset_peak_memory() -> None:
-    """Start counting the CUDA allocator's peak afresh (the jobs of a sweep share one process)."""
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
+def reset_peak_memory(device: torch.device) -> None:
+    """Start counting the CUDA allocator's peak on the model's device afresh (the jobs of a sweep share one
+    process)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
 
-def peak_memory_mb() -> dict[str, float]:
-    """Process peak RSS (over the whole process: every job it ran so far), and the CUDA allocator's
-    peak since reset_peak_memory where a GPU is used."""
+def peak_memory_mb(device: torch.device) -> dict[str, float]:
+    """Process peak RSS (over the whole process: every job it ran so far), and the CUDA allocator's peak on the
+    model's device since reset_peak_memory where it is a GPU."""
     measured = {"cpu_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    if torch.cuda.is_available():
-        measured["cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    if device.type == "cuda":
+        measured["cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     return measured
 
 
@@ -203,7 +204,7 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
     """Answer every group the folder does not hold yet, each logged as it ends; write the metrics and run.json.
     Returns (metrics, records, info)."""
     model, tokenizer, backend, verdict = ready(spec, cfg.backend)
-    reset_peak_memory()             # after the self-check, whose fp32 weights are a load transient (docs/gpu.md)
+    reset_peak_memory(model.device)     # after the self-check, whose fp32 weights are a load transient (docs/gpu.md)
     label = cfg.method.label
     formed = formed_fragments(spec) if cfg.reuse_formed else Unkept()    # a timed study: each group forms its own
     compressed: list[dict] = []
@@ -248,7 +249,7 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
             "window": window_summary(window.limit, cfg.allow_beyond_window, records),
             "seconds": {"total": sum(group_seconds), "per_group": sum(group_seconds) / len(groups),
                         "phases": phase_totals(records)},
-            "peak_memory": peak_memory_mb()}
+            "peak_memory": peak_memory_mb(model.device)}
     folder.finish(metrics, info)
     return metrics, records, info
 
