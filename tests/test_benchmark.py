@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.measurement.benchmark import PROFILED, PeakMemory, main
+from harness.measurement.benchmark import PROFILED, PeakMemory, main, shorter, timings
+from methods.session import Answer
 
 
 def test_the_benchmark_times_every_method_at_a_fixed_answer_length_and_checks_both_backends(tmp_path, capsys):
@@ -98,7 +99,7 @@ def test_each_sessions_peak_memory_is_its_own_while_sessions_take_turns(monkeypa
         def __init__(self, keeps: int, needs: int):
             self.keeps, self.needs = keeps, needs
 
-        def ask(self, question):
+        def ask(self, question, max_new_tokens=None):
             take(self.keeps)
             self.keeps = 0
             take(self.needs)
@@ -148,7 +149,7 @@ def test_each_rows_per_token_time_is_stated_against_transformers_static_generate
     """The anchor (issue 56): transformers' own generate(cache_implementation="static") timed in the same run, on
     the same model over the tokens full prefill reads, and every row's per-token time as a ratio to it."""
     out = tmp_path / "speed.md"
-    main(["--shape", "tiny", "--sizes", "2", "--new-tokens", "4", "--repeats", "1", "--methods", "none", "vanilla",
+    main(["--shape", "tiny", "--sizes", "2", "--new-tokens", "8", "--repeats", "1", "--methods", "none", "vanilla",
           "--decode", "captured", "--out", str(out)])
     header, _, *lines = out.read_text().splitlines()
     table = pd.DataFrame([[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]],
@@ -157,7 +158,24 @@ def test_each_rows_per_token_time_is_stated_against_transformers_static_generate
     assert len(set(anchor)) == 1 and anchor.iloc[0] > 0
     ratio = table.per_token_ms.astype(float) / anchor
     assert (abs(table.per_token_vs_static_generate.astype(float) / ratio - 1) < 0.01).all()
+    steady = table.steady_per_token_ms.astype(float) / anchor    # of 4 steps, a difference: its sign is noise's
+    assert steady.notna().all()
+    assert (abs(table.steady_vs_static_generate.astype(float) - steady) <= 0.01 * abs(steady)).all()
     assert "the anchor: transformers' generate(cache_implementation='static')" in header and "decode=captured" in header
+
+
+def test_the_steady_time_per_token_is_the_full_answers_decoding_less_the_shorter_ones_per_token_more():
+    """Per token past an answer's set-up steps (a captured answer's warm-up and capture, in both budgets alike): what
+    the anchor times. Each budget's fastest decoding; none where the shorter budget is the full one."""
+    def answer(decode: float, tokens: int) -> Answer:
+        return Answer("", 0, {}, {"plan": 0.01, "prefill": 0.02, "decode": decode}, tokens)
+
+    asked = [answer(9.0, 32), answer(9.0, 32), answer(3.1, 32), answer(3.0, 32)]   # before, after the update, others
+    timing = timings(asked, 1, [answer(1.8, 16), answer(1.4, 16)])
+    assert timing["steady_per_token_ms"] == pytest.approx(1000 * (3.0 - 1.4) / 16)
+    assert timing["per_token_ms"] == pytest.approx(1000 * 3.0 / 31)
+    assert timings(asked, 1, [answer(3.0, 32)])["steady_per_token_ms"] is None
+    assert (shorter(32), shorter(5), shorter(2)) == (16, 3, 2)
 
 
 def test_the_profile_ranks_each_methods_kernels_by_their_time(tmp_path):

@@ -6,14 +6,16 @@ prefill), time per generated token and total time, every method decoding the sam
 fragment is stored (one over the first n-1 was asked before, as in a retention run; the n-th is replaced by
 another for each of them) and of --repeats other questions over the same memory (the trace keeps the placed
 memory and its prompt's shared head for the next question), the methods taking turns question by question
-in one process, thread count, device and dtype stated. --methods also takes the peers (text: the fragments'
-text prefilled in full for every question; ape, epic, cacheblend at their defaults), with the share of memory
-tokens each recomputes (averaged over the layers). Beside the methods, the anchor: transformers' own
-`generate(cache_implementation="static")` on the same model over the same tokens as full prefill reads (the
-fragments' text, then the question), its per-token time the best of --repeats, each row's per-token time also stated
-as a ratio to it (on a GPU transformers compiles that step and replays it as a CUDA graph; on a CPU it steps its
-static cache eagerly). --hidden-prefix also times the paper's formulation and checks
-that its outputs equal the fast backend's (many minutes per point on a CPU). --shape runs a randomly
+in one process, thread count, device and dtype stated; and the steady time per token, past the steps an answer
+sets up in (a captured one's warm-up and capture), from the other questions asked again for half the tokens.
+--methods also takes the peers (text: the fragments' text prefilled in full for every question; ape, epic,
+cacheblend at their defaults), with the share of memory tokens each recomputes (averaged over the layers).
+Beside the methods, the anchor: transformers' own `generate(cache_implementation="static")` on the same model
+over the same tokens as full prefill reads (the fragments' text, then the question), its per-token time the
+best of --repeats, each row's per-token and steady times also stated as ratios to it (on a GPU transformers
+compiles that step and replays it as a CUDA graph; on a CPU it steps its static cache eagerly). --hidden-prefix
+also times the paper's formulation and checks that its outputs equal the fast backend's (many minutes per
+point on a CPU). --shape runs a randomly
 initialised model of a real shape (speed and memory only, never accuracy) instead of the embedded
 SmolLM2; on a GPU the peak memory is the CUDA allocator's. --profile FILE writes, per size and method, the
 kernels of one more question over the full memory ranked by time (harness/measurement/kernels.py).
@@ -107,12 +109,12 @@ class PeakMemory:
         self.held: dict = defaultdict(int)
         self.peak: dict = defaultdict(int)
 
-    def ask(self, key, session: Session, question: str) -> Answer:
+    def ask(self, key, session: Session, question: str, max_new_tokens: int | None = None) -> Answer:
         if not self.cuda:
-            return session.ask(question)
+            return session.ask(question, max_new_tokens=max_new_tokens)
         before = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        answer = session.ask(question)
+        answer = session.ask(question, max_new_tokens=max_new_tokens)
         added = torch.cuda.max_memory_allocated(self.device) - before
         self.peak[key] = max(self.peak[key], self.base + self.held[key] + added)
         self.held[key] += torch.cuda.memory_allocated(self.device) - before
@@ -145,25 +147,27 @@ def over(session: Session, sink, fragments: list[Fragment]) -> Session:
 
 
 def timed(sessions: dict, memory: LatentMemory, stand_ins: list[Fragment], questions: list[str],
-          meter: PeakMemory) -> dict:
+          meter: PeakMemory, shorter: int) -> dict:
     """Per session: a question over the memory's first n-1 fragments (not timed); then each of `stand_ins`,
     last the memory's own n-th fragment, stored as the n-th in turn, each replacing the one before, with a
     question each (the time of a question right after an update: nothing placed for the last question can be
-    reused); then the other questions over the memory. Questions go round the sessions, so a burst of load on
-    a shared host falls on one question of several methods, not on every question of one, and each method's
-    best drops it."""
+    reused); then the other questions over the memory, each asked again for `shorter` tokens (see timings).
+    Questions go round the sessions, so a burst of load on a shared host falls on one question of several
+    methods, not on every question of one, and each method's best drops it."""
 
-    def ask(question: str, fragments: list[Fragment]) -> dict:
-        return {key: meter.ask(key, over(session, memory.sink, fragments), question)
+    def ask(question: str, fragments: list[Fragment], budget: int | None = None) -> dict:
+        return {key: meter.ask(key, over(session, memory.sink, fragments), question, budget)
                 for key, session in sessions.items()}
 
     *earlier, last = memory.fragments
     updates = [*stand_ins, last]
     rounds = [ask(questions[0], earlier)]
     rounds += [ask(question, [*earlier, fragment]) for question, fragment in zip(questions[1:], updates)]
-    rounds += [ask(question, memory.fragments) for question in questions[1 + len(updates):]]
-    return {key: {**timings([answers[key] for answers in rounds], len(updates)), "peak_gb": meter.gb(key)}
-            for key in sessions}
+    others = questions[1 + len(updates):]
+    rounds += [ask(question, memory.fragments) for question in others]
+    short = [ask(question, memory.fragments, shorter) for question in others]
+    return {key: {**timings([answers[key] for answers in rounds], len(updates), [answers[key] for answers in short]),
+                  "peak_gb": meter.gb(key)} for key in sessions}
 
 
 @dataclass(frozen=True)
@@ -234,19 +238,41 @@ def static_generate_ms(model, ids: torch.Tensor, new_tokens: int, repeats: int) 
     return 1000 * best
 
 
-def timings(answers: list[Answer], updates: int) -> dict:
-    """From one session's answers (before the updates, right after each of them, then the others): the fastest
-    total right after an update and the fastest other answer's phases, time to first token, per-token and
+def timings(answers: list[Answer], updates: int, short: list[Answer]) -> dict:
+    """From one session's answers (before the updates, right after each of them, then the others) and the others
+    asked again for fewer tokens: the fastest total right after an update and the fastest other answer's phases,
+    time to first token, per-token time (every decoding step of the answer: a captured one's eager warm-up and
+    capture too), steady per-token time (the fastest decoding of the full answers less that of the shorter ones,
+    per token more: the steps both share, warm-up and capture, cancel, as they are left out of the anchor's) and
     total time."""
     after_update, others = answers[1:1 + updates], answers[1 + updates:]
     best = min(others, key=lambda answer: sum(answer.seconds.values()))
     seconds = best.seconds
     to_first_token = sum(v for k, v in seconds.items() if k != "decode")
+    full, shorter = (min(asked, key=lambda answer: answer.seconds["decode"]) for asked in (others, short))
+    more = full.tokens - shorter.tokens
     return {"update_total_s": min(sum(answer.seconds.values()) for answer in after_update), "ttft_s": to_first_token,
             "per_token_ms": 1000 * seconds["decode"] / max(best.tokens - 1, 1),
+            "steady_per_token_ms": 1000 * (full.seconds["decode"] - shorter.seconds["decode"]) / more if more > 0
+            else None,
             "total_s": to_first_token + seconds["decode"], "trace_s": seconds.get("trace", 0.0), "tokens": best.tokens,
             "recomputed": best.recomputed, "prompt_tokens": best.prompt_tokens,
             "output": tuple(answer.text for answer in answers)}
+
+
+# Tokens past which a captured answer's steps are replays alone: the first comes from the prefill, the second step
+# is the eager warm-up, the third the capture (and its replay).
+SET_UP = 3
+
+
+def shorter(new_tokens: int) -> int:
+    """The budget the other questions are asked again with, for the steady per-token time: half, and never within
+    the steps a captured answer sets up in (SET_UP); the full budget where it leaves no room past them."""
+    return min(max(new_tokens // 2, SET_UP), new_tokens)
+
+
+def ratio(a: float | None, b: float) -> float | None:
+    return None if a is None else a / b
 
 
 def retention(args: argparse.Namespace, updates: int) -> Retention:
@@ -342,14 +368,18 @@ def main(argv: list[str] | None = None) -> None:
         memory.reorder([*torch.randperm(n - 1, generator=torch.Generator().manual_seed(0)).tolist(), n - 1])
         stand_ins = [former.next_fragment(memory, other.texts()[n - 1]) for other in others[1:args.repeats]]
         sessions = sessions_of(model, tokenizer, methods, backends, args.new_tokens, args.decode)
-        per_session = timed(sessions, memory, stand_ins, questions, PeakMemory(model.device))
+        per_session = timed(sessions, memory, stand_ins, questions, PeakMemory(model.device),
+                            shorter(args.new_tokens))
         anchor_ids = torch.cat([memory.text_ids(), format_prompt(tokenizer, questions[-1], "chat")])
         anchor = static_generate_ms(model, anchor_ids, args.new_tokens, args.repeats)
         for (method_name, backend_name), timing in per_session.items():
             floors = hardware.floors(model, timing["prompt_tokens"], timing["recomputed"])
+            floor = floors["floor_ms_per_token"]
             rows.append({"n": n, "memory_tokens": memory.n_tokens, "method": method_name, "backend": backend_name,
-                         **timing, **floors, "per_token_vs_floor": timing["per_token_ms"] / floors["floor_ms_per_token"],
+                         **timing, **floors, "per_token_vs_floor": timing["per_token_ms"] / floor,
+                         "steady_vs_floor": ratio(timing["steady_per_token_ms"], floor),
                          "static_generate_ms": anchor, "per_token_vs_static_generate": timing["per_token_ms"] / anchor,
+                         "steady_vs_static_generate": ratio(timing["steady_per_token_ms"], anchor),
                          "ttft_vs_floor": timing["ttft_s"] / floors["floor_ttft_s"]})
         print(pd.DataFrame(rows).drop(columns="output").tail(len(sessions)).to_string(index=False),
               flush=True)
@@ -372,7 +402,9 @@ def tabled(args: argparse.Namespace, model, hardware: Hardware, rows: list[dict]
     where = (f"model={args.shape or 'smollm2'}{' (random weights)' if args.shape else ''}, "
              f"device={model.device}, dtype={args.dtype}, threads={torch.get_num_threads()}, "
              f"dataset={args.dataset}, {args.new_tokens} generated tokens, best of {args.repeats} questions right "
-             f"after an update and of {args.repeats} others over the same memory, methods taking turns; the floors: "
+             f"after an update and of {args.repeats} others over the same memory, methods taking turns; steady: per "
+             f"token of the others' fastest decoding less that of the same asked for {shorter(args.new_tokens)} "
+             f"tokens (a captured answer's warm-up and capture cancel, as the anchor leaves its own out); the floors: "
              f"weights read once per token at the copy bandwidth measured here ({hardware.bandwidth / 1e9:.3g} GB/s), "
              f"2 FLOPs per parameter per token run before the first at the matmul rate measured here "
              f"({hardware.flops / 1e12:.3g} TFLOP/s); the anchor: transformers' generate(cache_implementation="
