@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.measurement.benchmark import PROFILED, PeakMemory, main, shorter, timings
+from harness.measurement.benchmark import PROFILED, PeakMemory, main, short_budget, timings
 from methods.session import Answer
 
 
@@ -157,16 +157,16 @@ def test_each_rows_per_token_time_is_stated_against_transformers_static_generate
     anchor = table.static_generate_ms.astype(float)
     assert len(set(anchor)) == 1 and anchor.iloc[0] > 0
     ratio = table.per_token_ms.astype(float) / anchor
-    assert (abs(table.per_token_vs_static_generate.astype(float) / ratio - 1) < 0.01).all()
-    steady = table.steady_per_token_ms.astype(float) / anchor    # of 4 steps, a difference: its sign is noise's
-    assert steady.notna().all()
-    assert (abs(table.steady_vs_static_generate.astype(float) - steady) <= 0.01 * abs(steady)).all()
+    assert (abs(table.per_token_vs_static_generate.astype(float) / ratio - 1) < 0.02).all()
+    steady = table.steady_per_token_ms.astype(float) / anchor   # a difference of 4 steps' times: any sign
+    assert steady.notna().all() and "steady: (the others' fastest decoding - the same questions' asked for 4" in header
+    assert (abs(table.steady_vs_static_generate.astype(float) - steady) <= 0.02 * abs(steady)).all()
     assert "the anchor: transformers' generate(cache_implementation='static')" in header and "decode=captured" in header
 
 
 def test_the_steady_time_per_token_is_the_full_answers_decoding_less_the_shorter_ones_per_token_more():
-    """Per token past an answer's set-up steps (a captured answer's warm-up and capture, in both budgets alike): what
-    the anchor times. Each budget's fastest decoding; none where the shorter budget is the full one."""
+    """Per token past an answer's set-up (a captured answer's warm-up and capture, in both budgets alike): what the
+    anchor times. Each budget's fastest decoding; none without the shorter answers (a budget too short for them)."""
     def answer(decode: float, tokens: int) -> Answer:
         return Answer("", 0, {}, {"plan": 0.01, "prefill": 0.02, "decode": decode}, tokens)
 
@@ -174,8 +174,8 @@ def test_the_steady_time_per_token_is_the_full_answers_decoding_less_the_shorter
     timing = timings(asked, 1, [answer(1.8, 16), answer(1.4, 16)])
     assert timing["steady_per_token_ms"] == pytest.approx(1000 * (3.0 - 1.4) / 16)
     assert timing["per_token_ms"] == pytest.approx(1000 * 3.0 / 31)
-    assert timings(asked, 1, [answer(3.0, 32)])["steady_per_token_ms"] is None
-    assert (shorter(32), shorter(5), shorter(2)) == (16, 3, 2)
+    assert timings(asked, 1, [])["steady_per_token_ms"] is None
+    assert [short_budget(n) for n in (32, 6, 5, 4, 2)] == [16, 3, 3, None, None]
 
 
 def test_the_profile_ranks_each_methods_kernels_by_their_time(tmp_path):

@@ -111,6 +111,12 @@ def test_tab_gpu_memory_says_in_which_phase_each_gpu_run_reached_its_peak(tmp_pa
     for method, job_mb in (("memdefrag_top2", 18_157.0), ("vanilla", 18_867.0), ("memdefrag_top1", 17_900.0)):
         fake_run(tmp_path / "g" / method, "Retention", method, [record], "informativeness",
                  {**info, "peak_memory": {"cuda_mb": job_mb}}, study="gpu_memory")
+    item = {"group": 3, "subset": "fictional_document", "string_match": 0.0, "f1": 0.0, "rouge_l": 0.0,
+            "bertscore": 0.0, "bertscore_model": "minilm", "bertscore_layers": 6, "bertscore_rescaled": False,
+            "chunks": 3, "memory_tokens": 900, "target_rank": 1,
+            "peak_mb": {"decode": {"start": 1_000.0, "peak": 2_000.0}}}           # a LongBench record: no step
+    fake_run(tmp_path / "b" / "long", "LongBench", "memdefrag_top2", [item], "informativeness",
+             {**info, "peak_memory": {"cuda_mb": 2_000.0}}, study="gpu_memory", dataset="longbench")
     fake_run(tmp_path / "c" / "none", "Retention", "none", [{k: v for k, v in record.items() if k != "peak_mb"}],
              "informativeness",
              {**info, "device": "cpu", "peak_memory": {"cpu_rss_mb": 1300.0}}, study="gpu_memory")
@@ -121,6 +127,7 @@ def test_tab_gpu_memory_says_in_which_phase_each_gpu_run_reached_its_peak(tmp_pa
         in memory
     assert f"memdefrag_top1+informativeness: {at}, in an earlier process of this resumed run (its last process's " \
            "peak: 18.77 GB)" in memory
+    assert "llama31_8b, longbench, memdefrag_top2+informativeness: decode at group 3, 2.10 GB (from 1.05 GB" in memory
     assert "none+informativeness:" not in memory
 
 

@@ -15,10 +15,10 @@ over the same tokens as full prefill reads (the fragments' text, then the questi
 best of --repeats, each row's per-token and steady times also stated as ratios to it (on a GPU transformers
 compiles that step and replays it as a CUDA graph; on a CPU it steps its static cache eagerly). --hidden-prefix
 also times the paper's formulation and checks that its outputs equal the fast backend's (many minutes per
-point on a CPU). --shape runs a randomly
-initialised model of a real shape (speed and memory only, never accuracy) instead of the embedded
-SmolLM2; on a GPU the peak memory is the CUDA allocator's. --profile FILE writes, per size and method, the
-kernels of one more question over the full memory ranked by time (harness/measurement/kernels.py).
+point on a CPU). --shape runs a randomly initialised model of a real shape (speed and memory only, never
+accuracy) instead of the embedded SmolLM2; on a GPU the peak memory is the CUDA allocator's. --profile FILE
+writes, per size and method, the kernels of one more question over the full memory ranked by time
+(harness/measurement/kernels.py).
 
     memdefrag-bench --sizes 10 26 --threads 1 --out results/speed_cpu.md
     memdefrag-bench --device cuda --dtype bfloat16 --shape llama31_8b --sizes 26 --out results/speed_gpu.md
@@ -147,11 +147,12 @@ def over(session: Session, sink, fragments: list[Fragment]) -> Session:
 
 
 def timed(sessions: dict, memory: LatentMemory, stand_ins: list[Fragment], questions: list[str],
-          meter: PeakMemory, shorter: int) -> dict:
+          meter: PeakMemory, short_budget: int | None) -> dict:
     """Per session: a question over the memory's first n-1 fragments (not timed); then each of `stand_ins`,
     last the memory's own n-th fragment, stored as the n-th in turn, each replacing the one before, with a
     question each (the time of a question right after an update: nothing placed for the last question can be
-    reused); then the other questions over the memory, each asked again for `shorter` tokens (see timings).
+    reused); then the other questions over the memory, each right away again for `short_budget` tokens where
+    given (see timings).
     Questions go round the sessions, so a burst of load on a shared host falls on one question of several
     methods, not on every question of one, and each method's best drops it."""
 
@@ -163,9 +164,11 @@ def timed(sessions: dict, memory: LatentMemory, stand_ins: list[Fragment], quest
     updates = [*stand_ins, last]
     rounds = [ask(questions[0], earlier)]
     rounds += [ask(question, [*earlier, fragment]) for question, fragment in zip(questions[1:], updates)]
-    others = questions[1 + len(updates):]
-    rounds += [ask(question, memory.fragments) for question in others]
-    short = [ask(question, memory.fragments, shorter) for question in others]
+    short = []
+    for question in questions[1 + len(updates):]:
+        rounds.append(ask(question, memory.fragments))
+        if short_budget is not None:
+            short.append(ask(question, memory.fragments, short_budget))
     return {key: {**timings([answers[key] for answers in rounds], len(updates), [answers[key] for answers in short]),
                   "peak_gb": meter.gb(key)} for key in sessions}
 
@@ -240,35 +243,46 @@ def static_generate_ms(model, ids: torch.Tensor, new_tokens: int, repeats: int) 
 
 def timings(answers: list[Answer], updates: int, short: list[Answer]) -> dict:
     """From one session's answers (before the updates, right after each of them, then the others) and the others
-    asked again for fewer tokens: the fastest total right after an update and the fastest other answer's phases,
-    time to first token, per-token time (every decoding step of the answer: a captured one's eager warm-up and
-    capture too), steady per-token time (the fastest decoding of the full answers less that of the shorter ones,
-    per token more: the steps both share, warm-up and capture, cancel, as they are left out of the anchor's) and
-    total time."""
+    asked again for fewer tokens (`short`, maybe none): the fastest total right after an update and the fastest
+    other answer's phases, time to first token, per-token time (all of the answer's decoding: its fixed cache, a
+    captured one's eager warm-up and capture, every step), steady per-token time ((fastest full decoding -
+    fastest short decoding) / tokens more: what both budgets spend alike, the set-up, nearly cancels, as the
+    anchor leaves its own out; the short answers' fixed caches are a little smaller) and total time."""
     after_update, others = answers[1:1 + updates], answers[1 + updates:]
     best = min(others, key=lambda answer: sum(answer.seconds.values()))
     seconds = best.seconds
     to_first_token = sum(v for k, v in seconds.items() if k != "decode")
-    full, shorter = (min(asked, key=lambda answer: answer.seconds["decode"]) for asked in (others, short))
-    more = full.tokens - shorter.tokens
+    steady = None
+    if short:
+        full, less = (min(asked, key=lambda answer: answer.seconds["decode"]) for asked in (others, short))
+        steady = 1000 * (full.seconds["decode"] - less.seconds["decode"]) / (full.tokens - less.tokens)
     return {"update_total_s": min(sum(answer.seconds.values()) for answer in after_update), "ttft_s": to_first_token,
             "per_token_ms": 1000 * seconds["decode"] / max(best.tokens - 1, 1),
-            "steady_per_token_ms": 1000 * (full.seconds["decode"] - shorter.seconds["decode"]) / more if more > 0
-            else None,
+            "steady_per_token_ms": steady,
             "total_s": to_first_token + seconds["decode"], "trace_s": seconds.get("trace", 0.0), "tokens": best.tokens,
             "recomputed": best.recomputed, "prompt_tokens": best.prompt_tokens,
             "output": tuple(answer.text for answer in answers)}
 
 
-# Tokens past which a captured answer's steps are replays alone: the first comes from the prefill, the second step
-# is the eager warm-up, the third the capture (and its replay).
+# Tokens of an answer up to which a captured one sets up: the first comes from the prefill logits, the second from
+# the eager warm-up step, the third from the capture step (its graph's first replay); later ones from replays.
 SET_UP = 3
 
 
-def shorter(new_tokens: int) -> int:
-    """The budget the other questions are asked again with, for the steady per-token time: half, and never within
-    the steps a captured answer sets up in (SET_UP); the full budget where it leaves no room past them."""
-    return min(max(new_tokens // 2, SET_UP), new_tokens)
+def short_budget(new_tokens: int) -> int | None:
+    """The budget the other questions are asked again with, for the steady per-token time: half, never under SET_UP;
+    None where that leaves fewer than 2 tokens to tell the budgets apart."""
+    short = max(new_tokens // 2, SET_UP)
+    return short if new_tokens - short >= 2 else None
+
+
+def steady_header(new_tokens: int) -> str:
+    """What the table's steady columns are, for its header (nothing where the budget leaves none)."""
+    short = short_budget(new_tokens)
+    return "" if short is None else (
+        f"steady: (the others' fastest decoding - the same questions' asked for {short} tokens) / {new_tokens - short} "
+        f"tokens, the answers' set-up (fixed cache; on a GPU, decode=captured or compiled: eager warm-up and "
+        f"capture) nearly cancelled, as the anchor leaves its own out; ")
 
 
 def ratio(a: float | None, b: float) -> float | None:
@@ -369,7 +383,7 @@ def main(argv: list[str] | None = None) -> None:
         stand_ins = [former.next_fragment(memory, other.texts()[n - 1]) for other in others[1:args.repeats]]
         sessions = sessions_of(model, tokenizer, methods, backends, args.new_tokens, args.decode)
         per_session = timed(sessions, memory, stand_ins, questions, PeakMemory(model.device),
-                            shorter(args.new_tokens))
+                            short_budget(args.new_tokens))
         anchor_ids = torch.cat([memory.text_ids(), format_prompt(tokenizer, questions[-1], "chat")])
         anchor = static_generate_ms(model, anchor_ids, args.new_tokens, args.repeats)
         for (method_name, backend_name), timing in per_session.items():
@@ -402,9 +416,8 @@ def tabled(args: argparse.Namespace, model, hardware: Hardware, rows: list[dict]
     where = (f"model={args.shape or 'smollm2'}{' (random weights)' if args.shape else ''}, "
              f"device={model.device}, dtype={args.dtype}, threads={torch.get_num_threads()}, "
              f"dataset={args.dataset}, {args.new_tokens} generated tokens, best of {args.repeats} questions right "
-             f"after an update and of {args.repeats} others over the same memory, methods taking turns; steady: per "
-             f"token of the others' fastest decoding less that of the same asked for {shorter(args.new_tokens)} "
-             f"tokens (a captured answer's warm-up and capture cancel, as the anchor leaves its own out); the floors: "
+             f"after an update and of {args.repeats} others over the same memory, methods taking turns; "
+             f"{steady_header(args.new_tokens)}the floors: "
              f"weights read once per token at the copy bandwidth measured here ({hardware.bandwidth / 1e9:.3g} GB/s), "
              f"2 FLOPs per parameter per token run before the first at the matmul rate measured here "
              f"({hardware.flops / 1e12:.3g} TFLOP/s); the anchor: transformers' generate(cache_implementation="

@@ -224,9 +224,9 @@ def study_table(runs, study: str, value) -> tuple[pd.DataFrame, str] | None:
     """Datasets as rows, methods as columns (baselines first, then by method): value(run) of the runs of one
     experiment (`study`) and of the released MemoryLLM baselines; and a caption naming model, device, dtype and
     threads. None without such runs."""
-    chosen, labels = study_runs(runs, study)
-    if not any(r.study == study for r in chosen):
+    if not any(r.study == study and r.info for r in runs):
         return None
+    chosen, labels = study_runs(runs, study)
     frame = pd.DataFrame([{"dataset": f"{named(r, r.config['task']['dataset'])} ({r.info.get('model')}, "
                                       f"{r.info.get('device')})", "method": label, "value": value(r)}
                           for r, label in zip(chosen, labels)])        # a CPU's and a GPU's runs on rows of their own

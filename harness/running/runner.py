@@ -64,7 +64,8 @@ def reset_peak_memory(device: torch.device) -> None:
 
 def peak_memory_mb(device: torch.device) -> dict[str, float]:
     """Process peak RSS (over the whole process: every job it ran so far), and the CUDA allocator's peak on the
-    model's device since reset_peak_memory where it is a GPU."""
+    model's device (its first parameter's, one of several under device_map=auto) since reset_peak_memory where it
+    is a GPU."""
     measured = {"cpu_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if device.type == "cuda":
         measured["cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
