@@ -7,16 +7,20 @@ captures. A question's attention per key/value head on CUDA (methods/attention/g
 to apply on the CPU, the same attention as copied heads and the same answers on every read."""
 
 import copy
+from collections import Counter
 
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import StaticCache
 from hydra import compose, initialize_config_module
 
 from harness.running.runner import run
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.baselines import NoMemory, TextMemory, Vanilla
+from methods.attention.decoder import cache_keyword
 from methods.errors import ConfigError
 from methods import session as session_module
 from methods.generation import CapturedStep, compiled_next_id, default_decode, greedy
@@ -331,3 +335,50 @@ def test_on_cuda_a_questions_attention_is_grouped_and_answers_as_without(tokeniz
     assert any(shape[2] == 1 for shape in calls) and any(shape[2] > 1 for shape in calls)
     monkeypatch.setattr(grouped, "PACKING_DEVICES", set())
     assert answers(model, tokenizer, KVPrefixBackend, "top2", "captured") == packed_answers
+
+
+class Ops(TorchDispatchMode):
+    """Every aten op run inside, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.ran = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ran[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def ops_per_layer(step) -> Counter:
+    """The ops one decoding step (`step(layers)` runs one on a tiny Llama of that many layers) adds per layer."""
+    fewer, more = step(2), step(4)
+    return Counter({op: (more[op] - fewer[op]) // 2 for op in more if more[op] != fewer[op]})
+
+
+def test_a_captured_step_runs_per_layer_the_ops_of_transformers_own_static_cache_step(tokenizer):
+    """The ~1,450 kernels a step runs on an 8B shape are the model's own: over a prefilled read, CapturedStep adds
+    not one op per layer to transformers' StaticCache step (what `decode=compiled` fuses is theirs)."""
+    from tests.test_host_syncs import PROMPT, formed, llama_of
+
+    def ours(layers: int) -> Counter:
+        model = llama_of(layers)
+        backend = KVPrefixBackend(model)
+        logits, cache, position = backend.prefill(formed(model, tokenizer, backend), PROMPT, room=4, logits_to_keep=1)
+        step = CapturedStep(model, cache, position, 4)
+        last = step(logits[-1].argmax().view(1, 1))
+        with Ops() as ops:
+            step(last)
+        return ops.ran
+
+    def theirs(layers: int) -> Counter:
+        model = llama_of(layers)
+        cache = StaticCache(config=model.config, max_cache_len=64)
+        model(input_ids=PROMPT.view(1, -1), position_ids=torch.arange(len(PROMPT)).view(1, -1), use_cache=True,
+              **{cache_keyword(model): cache})
+        with Ops() as ops:
+            model(input_ids=torch.tensor([[5]]), position_ids=torch.tensor([[len(PROMPT)]]), use_cache=True,
+                  **{cache_keyword(model): cache})
+        return ops.ran
+
+    with torch.no_grad():
+        assert ops_per_layer(ours) == ops_per_layer(theirs)
