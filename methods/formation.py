@@ -91,10 +91,23 @@ def capture_layer_inputs(model, rows: int = 1):
         yield captured
 
 
+# fp32 bytes of log-probabilities computed at once: a fragment's every position at once is [T, vocab] in fp32 twice
+# (the upcast and its log-softmax), 1 MB a token on a 128k vocabulary, more than its keys and values (docs/gpu.md)
+NLL_BYTES = 32 << 20
+
+
+def nll_rows(vocabulary: int) -> int:
+    """Positions whose log-probabilities next_token_nll computes at once."""
+    return max(1, NLL_BYTES // (4 * vocabulary))
+
+
 def next_token_nll(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """[T-1] nats of each of ids[1:] given the tokens before it, from the logits [T, vocab] of ids [T]."""
-    logp = torch.log_softmax(logits[:-1].float(), dim=-1)
-    return -logp.gather(1, ids[1:].view(-1, 1).to(logits.device)).squeeze(1)
+    """[T-1] nats of each of ids[1:] given the tokens before it, from the logits [T, vocab] of ids [T], a few
+    positions at a time (`nll_rows`): each row's log-softmax is its own, so the nats are those of all at once."""
+    rows = nll_rows(logits.shape[-1])
+    wanted = ids[1:].view(-1, 1).to(logits.device)
+    return torch.cat([-torch.log_softmax(part.float(), dim=-1).gather(1, ids).squeeze(1)
+                      for part, ids in zip(logits[:-1].split(rows), wanted.split(rows))])
 
 
 class Former:
@@ -250,7 +263,7 @@ class Former:
             given = {"input_ids": padded, "attention_mask": mask.long()}
         given = {name: t.to(device, non_blocking=True) for name, t in given.items()}
         cache = DynamicCache()
-        watch = watching_rotary(self.model) if self.keep_kv else nullcontext()
+        watch = watching_rotary(self.model, Rotary.of(self.model).reads) if self.keep_kv else nullcontext()
         # the vocabulary head runs only where self-information is read; otherwise the decoder alone runs, every
         # position through every layer (a model asked for its last logits may skip positions in late layers:
         # Gemma-4's layers that reuse another layer's keys)

@@ -161,3 +161,18 @@ def test_formation_runs_the_vocabulary_head_only_when_self_information_is_read(l
     for a, b in zip(with_info.fragments, without.fragments):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) and torch.equal(a.states, b.states)
         assert torch.isfinite(a.self_info[1:]).all() and torch.isinf(b.self_info).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_self_information_a_few_positions_at_a_time_is_that_of_all_at_once(dtype, monkeypatch):
+    """next_token_nll's log-softmax runs over `nll_rows` positions at a time (docs/gpu.md: all at once held two fp32
+    copies of the logits); each row's is its own, so the nats are the very ones of all positions at once."""
+    from methods import formation
+
+    vocabulary = 4099
+    monkeypatch.setattr(formation, "NLL_BYTES", 7 * 4 * vocabulary)          # 7 positions at a time
+    torch.manual_seed(0)
+    for tokens in (1, 2, 7, 8, 38):
+        logits, ids = (3 * torch.randn(tokens, vocabulary)).to(dtype), torch.randint(0, vocabulary, (tokens,))
+        at_once = -torch.log_softmax(logits[:-1].float(), dim=-1).gather(1, ids[1:].view(-1, 1)).squeeze(1)
+        assert formation.nll_rows(vocabulary) == 7 and torch.equal(formation.next_token_nll(logits, ids), at_once)

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from methods.formation import nll_rows
+
 INDEX_BYTES = 8 + 4        # per stored token: its id (int64) and its self-information (fp32)
 
 
 @dataclass(frozen=True)
 class Dims:
     """What a decoder's size in memory depends on: layers L, key/value heads kv, head width d, hidden width h,
-    MLP width m, vocabulary V, attention heads H."""
+    MLP width m, vocabulary V."""
 
     L: int
     kv: int
@@ -21,14 +23,12 @@ class Dims:
     h: int
     m: int
     V: int
-    H: int
 
     @classmethod
     def of(cls, config) -> "Dims":
         c = config.get_text_config()
         d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        return cls(c.num_hidden_layers, c.num_key_value_heads, d, c.hidden_size, c.intermediate_size, c.vocab_size,
-                   c.num_attention_heads)
+        return cls(c.num_hidden_layers, c.num_key_value_heads, d, c.hidden_size, c.intermediate_size, c.vocab_size)
 
 
 def terms(dims: Dims, weight_bytes: int, b: int, memory_tokens: int, view_tokens: int, prompt_tokens: int,
@@ -51,14 +51,21 @@ def terms(dims: Dims, weight_bytes: int, b: int, memory_tokens: int, view_tokens
     rows = p * (n + p) * 4                                           # the tracer layer's fp32 rows [p, 1+N+p]
     trace = (n + 2 * p) * 2 * traced * dims.kv * dims.d * b + rows if fast else 0   # room for a prompt twice p
     layer_work = p * (2 * dims.h + 3 * dims.m) * b + dims.V * 4
+    unrotated_keys = dims.L * dims.kv * dims.d * b if fast else 0    # each layer's keys as its rotation was given them
     return {"weights": weight_bytes, "memory": n * (stored_token + INDEX_BYTES), "trace": trace,
             "formed_host": formed_bytes,
             "view": (view_tokens + p + a) * kv_token + layer_work,
             "hidden_prefix_copy": 0 if fast else n * stored_token + (n + p) * 2 * traced * dims.kv * dims.d * b,
             "eviction": f * stored_token,
-            "formation": f * (2 * stored_token + dims.L * (dims.H + dims.kv) * dims.d * b
-                              + (2 * dims.h + 3 * dims.m) * b + dims.V * 4),
+            "formation": f * (2 * stored_token + unrotated_keys + (2 * dims.h + 3 * dims.m) * b + dims.V * b)
+                         + self_information(dims.V, b, f),
             "selfcheck_fp32": weight_bytes * (4 - b) // b}
+
+
+def self_information(vocabulary: int, b: int, fragment_tokens: int) -> int:
+    """What next_token_nll holds beside the logits: a few positions' fp32 log-probabilities, and their upcast where
+    the logits are narrower than fp32."""
+    return min(fragment_tokens, nll_rows(vocabulary)) * vocabulary * (4 if b >= 4 else 8)
 
 
 def live(t: dict[str, int]) -> int:

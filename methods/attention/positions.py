@@ -71,10 +71,10 @@ class Rotated:
     layer: int
     function: str               # the rotary function's name in the modeling module
     slot: int                   # its place among the function's tensors (q, k) or (x,); calls in a layer in order
-    given: torch.Tensor         # [batch, heads, T, rot] (heads_axis 1) or [batch, T, heads, rot] (heads_axis 2)
-    result: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
+    given: torch.Tensor | None  # [batch, heads, T, rot] (heads_axis 1) or [batch, T, heads, rot] (heads_axis 2)
+    result: torch.Tensor | None     # the tensors are None where the watch was told not to keep them
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
     heads_axis: int
 
 
@@ -100,17 +100,20 @@ def by_layer(rotated: list[Rotated], n_layers: int) -> list[list[Rotated]]:
 
 
 @contextmanager
-def watching_rotary(model):
+def watching_rotary(model, reads: set[tuple[int, int]] | None = None):
     """Record every tensor the model's rotary functions rotate during a forward, with its layer.
 
     Families call them as f(q, k, cos, sin) or once per tensor as f(x, cos, sin); either way the
-    tensors before `cos` are rotated and returned in order."""
+    tensors before `cos` are rotated and returned in order. reads: the (layer, call) whose given tensor is kept
+    (`Rotary.reads`); the others are recorded without their tensors, so that a forward does not hold every layer's
+    queries, before and after their rotation, to its end. Every tensor is kept where None (learning what rotates)."""
     module = modeling_module(model)
     originals = rotary_functions(module)
     if not originals:
         raise RotaryError(no_rotary_function(model.config, module.__name__))
     seen: list[Rotated] = []
     layer = [-1]
+    calls: dict[int, int] = {}             # layer -> its calls recorded so far
 
     def watch(name, original):
         signature, tensors = inspect.signature(original), rotated_parameters(original)
@@ -122,8 +125,12 @@ def watching_rotary(model):
             arguments = given.arguments
             results = result if isinstance(result, tuple) else (result,)
             for slot, tensor in enumerate(tensors):
-                seen.append(Rotated(layer[0], name, slot, arguments[tensor].detach(), results[slot].detach(),
-                                    arguments["cos"].detach(), arguments["sin"].detach(),
+                call = calls[layer[0]] = calls.get(layer[0], -1) + 1
+                if reads is None:
+                    kept = (arguments[tensor], results[slot], arguments["cos"], arguments["sin"])
+                else:
+                    kept = (arguments[tensor] if (layer[0], call) in reads else None, None, None, None)
+                seen.append(Rotated(layer[0], name, slot, *(t if t is None else t.detach() for t in kept),
                                     arguments.get("unsqueeze_dim", 1)))
             return result
         return watched
@@ -188,6 +195,11 @@ class Rotary:
         if getattr(model, "_memdefrag_rotary", None) is None:
             model._memdefrag_rotary = cls(model)
         return model._memdefrag_rotary
+
+    @property
+    def reads(self) -> set[tuple[int, int]]:
+        """The (layer, call) of every rotation `unrotated` reads: what a formation's watch keeps."""
+        return {(index, rotation.call) for index, how in enumerate(self.how) for rotation in how.values()}
 
     @property
     def table_of(self) -> list[int | None]:
