@@ -491,3 +491,25 @@ def test_a_full_disk_is_one_line_before_hydra_writes(tmp_path, monkeypatch, caps
     line = refused(["logger=none", f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch, capsys)
     assert f"output folder {tmp_path / 'run'}: cannot be written ({tmp_path} has 0 bytes free): make room" in line
     assert no_work == [] and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "hf"], "--model hf: MissingMandatoryValue while resolving interpolation: Missing mandatory "
+                        "value: model.source (--model names a file in conf/model/; --model hf takes its weights "
+                        "from --source)"),
+    (["--model", "nosuch"], "--model nosuch: In 'config': Could not find 'model/nosuch'"),
+    (["--model", "hf", "--source", "{tmp}/nowhere"], "model.source='{tmp}/nowhere' cannot be loaded: it is neither"),
+])
+def test_the_self_check_command_refuses_bad_input_in_one_line_before_weights_load(argv, message, tmp_path,
+                                                                                  monkeypatch, capsys):
+    """`python -m harness.models.selfcheck`, its __main__ run as is (runpy): a model file it lacks or a source it
+    cannot load ends in one line, exit status 2."""
+    import runpy
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["selfcheck", *(a.replace("{tmp}", str(tmp_path)) for a in argv)])
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module("harness.models.selfcheck", run_name="__main__", alter_sys=True)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(lines) == 1 and message.replace("{tmp}", str(tmp_path)) in lines[0], lines

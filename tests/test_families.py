@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers
 from transformers import (AutoModelForCausalLM, DeepseekV2Config, Gemma4TextConfig, GPT2Config, Lfm2Config,
-                          Llama4TextConfig, Qwen3NextConfig)
+                          LlamaConfig, Llama4TextConfig, Phi3Config, Qwen3NextConfig)
 
 from harness.errors import ConfigError
 from harness.running.families import Outcome, causal_types, judged, survey, tiny_config, tiny_tokenizer
@@ -37,6 +37,13 @@ REFUSED = {   # family: (config, backends refused, what the one line says)
                                              n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
                                              moe_intermediate_size=32),           # latent attention, complex RoPE
                     ["fast"], f"{NO_ROTARY}.*'deepseek_v2'.*defines none"),
+    "phi3_longrope": (lambda: Phi3Config(**COMMON, original_max_position_embeddings=64, rope_parameters=dict(
+        rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=64, short_factor=[1.0] * 8,
+        long_factor=[1.0 + i / 2 for i in range(8)])),
+                      ["fast"], r"'phi3' uses rope_type 'longrope', whose frequencies .*switching past 64\)"),
+    "llama_dynamic": (lambda: LlamaConfig(**COMMON, rope_parameters=dict(rope_type="dynamic", factor=2.0,
+                                                                         rope_theta=10000.0)),
+                      ["fast"], r"model type 'llama' uses rope_type 'dynamic', whose frequencies transformers "),
     "gemma4_kv_shared": (lambda: Gemma4TextConfig(**{**GEMMA4, "num_hidden_layers": 4}, global_head_dim=16,
                                                   num_kv_shared_layers=2,
                                                   layer_types=["sliding_attention", "full_attention"] * 2),

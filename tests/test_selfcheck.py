@@ -161,3 +161,12 @@ def test_an_injected_position_error_at_the_8b_init_scale_is_still_refused(error,
     error(model)
     with pytest.raises(ConfigError):
         selfcheck.verify(KVPrefixBackend(model), tokenizer, ModelSpec("tiny", "tiny"))
+
+
+def test_the_self_check_command_checks_a_checkpoint_folder_given_as_its_source(tiny_checkpoint, capsys):
+    """`python -m harness.models.selfcheck --model hf --source <folder>`: a user's own checkpoint, both views."""
+    selfcheck.main(["--model", "hf", "--source", tiny_checkpoint, "--fragments", "3", "--dtype", "float32"])
+    header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")]
+                        for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    table = [dict(zip(header, row)) for row in rows]
+    assert [(row["model"], row["dtype"], row["exact"]) for row in table] == [("hf", "float32", "True")] * 2, table

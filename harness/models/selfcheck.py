@@ -31,7 +31,7 @@ import transformers
 
 import methods
 from harness.models.cache import read_json, usable, write_json
-from harness.errors import ConfigError, OneLineParser
+from harness.errors import ConfigError, OneLineParser, stops_on_config_error
 from harness.models.loading import ModelSpec
 from methods.formation import Former
 from methods.backends.hidden_prefix import HiddenPrefixBackend
@@ -215,6 +215,8 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = OneLineParser(description=main.__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="a config in conf/model/")
+    parser.add_argument("--source", default=None, help="the model's weights (model.source): a hub id, a folder or "
+                                                       "a .gguf file; with --model hf, required")
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES), help="a random model of this shape")
     parser.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: the model config's")
     parser.add_argument("--device", default="cpu")
@@ -231,10 +233,19 @@ def main(argv: list[str] | None = None) -> None:
         name, prompt = args.shape, "chat"
     else:
         from hydra import compose, initialize_config_module
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
         overrides = [f"model={args.model}", f"model.device={args.device}"] + \
-            ([f"model.dtype={args.dtype}"] if args.dtype else [])
+            ([f"model.dtype={args.dtype}"] if args.dtype else []) + \
+            ([f"model.source={args.source}"] if args.source else [])
         with initialize_config_module("conf", version_base="1.3"):
-            spec = ModelSpec.of(compose("config", overrides=overrides).model)
+            try:
+                spec = ModelSpec.of(compose("config", overrides=overrides).model)
+            except (HydraException, OmegaConfBaseException) as err:
+                parser.error(f"--model {args.model}{f' --source {args.source}' if args.source else ''}: "
+                             f"{str(err).splitlines()[0]} (--model names a file in conf/model/; --model hf takes "
+                             f"its weights from --source)")
         model, tokenizer = load(spec)
         name, prompt = args.model, spec.prompt
     group = Retention(args.dataset, args.data_dir, groups=1, updates=args.fragments).groups(tokenizer)[0]
@@ -256,4 +267,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with stops_on_config_error("python -m harness.models.selfcheck"):
+        main()

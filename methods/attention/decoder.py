@@ -16,6 +16,7 @@ import inspect
 from contextlib import contextmanager
 
 import torch
+from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, DynamicSlidingWindowLayer,
                                       get_layer_types_and_kwargs)
 
@@ -66,7 +67,17 @@ def kept(layer_type: str) -> str:
 
 
 def check(config) -> None:
-    """Before any weights load: every layer keeps per-token keys and values (or reads another's)."""
+    """Before any weights load: the model takes a key/value cache, and every layer keeps per-token keys and values
+    (or reads another's)."""
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    if model_class is not None and not {"cache", "past_key_values"} & set(inspect.signature(model_class.forward)
+                                                                           .parameters):
+        raise DecoderError(
+            f"model type {config.model_type!r} has layers that latent memory cannot hold: its forward takes no "
+            f"key/value cache (neither `cache` nor `past_key_values`), so it keeps a state of its own (RWKV's "
+            f"recurrence, say), not per-token keys and values. A fragment's state must be stored and concatenated "
+            f"with another's, so neither backend can run it; decoders whose layers are all attention run (Llama, "
+            f"Qwen, Mistral, Gemma, ...)")
     types = layer_types(config)
     stateful = sorted({t for t in types if t != SHARED and not (
         DYNAMIC_LAYER_TYPE_MAPPING.get(t) in PER_TOKEN)})

@@ -148,6 +148,20 @@ def watching_rotary(model, reads: set[tuple[int, int]] | None = None):
             setattr(module, name, original)
 
 
+# rotary types whose frequencies transformers chooses per forward from its longest position (`dynamic_rope_update`):
+# keys placed with one table and a prompt's forward over a longer read would rotate by different frequencies
+LENGTH_DEPENDENT_ROTARY = ("dynamic", "longrope")
+
+
+def length_dependent_rotary(config) -> dict | None:
+    """The first rotary parameters of the config's (per layer type, where it has several) whose frequencies depend
+    on how long a forward is, or None."""
+    parameters = getattr(config.get_text_config(), "rope_parameters", None) or {}
+    nested = [p for p in parameters.values() if isinstance(p, dict)]
+    return next((chosen for chosen in nested or [parameters]
+                 if chosen.get("rope_type", chosen.get("type")) in LENGTH_DEPENDENT_ROTARY), None)
+
+
 def no_rotary_function(config, module_name: str) -> str:
     return (f"re-places keys through the family's rotary function (apply_rotary*(..., cos, sin)); model type "
             f"{config.model_type!r} ({module_name}) defines none, so its positions are applied some other way "

@@ -18,7 +18,8 @@ from transformers.cache_utils import Cache, DynamicLayer
 from methods.base import Reading
 from methods.memory import Fragment, LatentMemory, parts
 from methods.attention import decoder
-from methods.attention.positions import Rotary, RotaryError, has_rotary_function, no_rotary_function
+from methods.attention.positions import (Rotary, RotaryError, has_rotary_function, length_dependent_rotary,
+                                        no_rotary_function)
 from methods.attention.recompute import recompute, recompute_through
 from methods.attention.tracing import recording_attention, until_stopped
 
@@ -167,6 +168,13 @@ class KVPrefixBackend:
         model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(model_config), None)
         if model_class is not None and not has_rotary_function(model_class):
             raise RotaryError(no_rotary_function(model_config, model_class.__module__))
+        varying = length_dependent_rotary(model_config)
+        if varying is not None:
+            switch = varying.get("original_max_position_embeddings", "the trained window")
+            raise RotaryError(f"places stored keys by one rotary table; model type {kind!r} uses rope_type "
+                              f"{varying.get('rope_type', varying.get('type'))!r}, whose frequencies transformers "
+                              f"chooses per forward by its longest position (switching past {switch}), so a memory "
+                              f"placed for one read and a prompt read after it could rotate differently")
         shared = decoder.shared_layers(model_config)
         if shared:
             raise RotaryError(f"stores each layer's own keys and values; model type {kind!r} shares them across "
