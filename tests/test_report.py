@@ -301,3 +301,23 @@ def test_locomo_gets_a_table_per_model_and_protocol_its_rows_named_by_what_diffe
     authors = readme.split("## LoCoMo on smollm2 under protocol=authors: ")[1].split("\n")[0]
     assert authors.endswith("; every row: trace_layers=False (`tab:locomo_smollm2_authors`)")
     assert "(`tab:locomo_gemma3_270m_locomo`)" in readme
+
+
+def test_a_run_with_no_answer_yet_is_left_out_in_one_line_and_alone_is_refused(tmp_path, capsys):
+    """A run killed (or still) before its first record: its predictions.jsonl empty, or a line cut short."""
+    import pytest
+
+    from harness.errors import ConfigError
+
+    fake_run(tmp_path / "r" / "empty", "Retention", "vanilla", [])
+    (tmp_path / "r" / "cut").mkdir(parents=True)
+    (tmp_path / "r" / "cut" / "config.yaml").write_text((tmp_path / "r" / "empty" / "config.yaml").read_text())
+    (tmp_path / "r" / "cut" / "predictions.jsonl").write_text('{"group": 0, "st')
+    with pytest.raises(ConfigError, match=r"holds no run with an answer .*nothing to report, nothing written"):
+        write(tmp_path)
+    assert not (tmp_path / "README.md").exists() and not (tmp_path / "figures").exists()
+    fake_run(tmp_path / "r" / "answered", "Retention", "memdefrag_top2", [{"group": 0, "step": 1, "correct": True}])
+    capsys.readouterr()
+    assert "memdefrag_top2" in write(tmp_path).read_text()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("memdefrag report: left out 2 run folders with no answer yet: "), err

@@ -57,6 +57,20 @@ def test_a_rerun_with_other_settings_is_refused(tmp_path):
         assert fresh.done == {}
 
 
+def test_a_run_started_over_leaves_the_results_it_found_until_its_own_first_write(tmp_path):
+    """resume=false replaces a folder's results, but not before the run writes one of its own: a run that stops
+    first (a model that fails to load) loses nothing."""
+    finished_run(tmp_path)
+    before = {name: (tmp_path / name).read_text() for name in ("config.yaml", "predictions.jsonl", "groups.jsonl")}
+    with ResultFolder(tmp_path, OmegaConf.merge(CFG, {"method": {"label": "text"}}), resume=False):
+        pass                                                          # stopped before its first record
+    assert {name: (tmp_path / name).read_text() for name in before} == before
+    with ResultFolder(tmp_path, OmegaConf.merge(CFG, {"method": {"label": "text"}}), resume=False) as fresh:
+        fresh.add(answer(0, 1))
+    assert (tmp_path / "predictions.jsonl").read_text() == json.dumps(answer(0, 1)) + "\n"
+    assert "label: text" in (tmp_path / "config.yaml").read_text() and (tmp_path / "groups.jsonl").read_text() == ""
+
+
 def finished_run(folder, groups=2):
     with ResultFolder(folder, CFG) as run:
         for group in range(groups):
@@ -148,8 +162,8 @@ def test_a_rewrite_that_fails_keeps_the_file_it_would_replace(tmp_path, monkeypa
     finished_run(tmp_path)
     before = (tmp_path / "predictions.jsonl").read_text()
     monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left")))
-    with pytest.raises(ConfigError, match="cannot write the results in"):
-        ResultFolder(tmp_path, CFG)
+    with pytest.raises(ConfigError, match="cannot write the results in"), ResultFolder(tmp_path, CFG) as run:
+        run.add(answer(2, 1))                                         # the first write rewrites the files
     assert (tmp_path / "predictions.jsonl").read_text() == before
     assert not list(tmp_path.glob(".*.partial"))
 

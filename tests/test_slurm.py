@@ -27,7 +27,7 @@ from harness.report.compare import compare, markdown
 from harness.results.folder import read_jsonl
 from harness.plugins.contracts import check_first_record
 from harness.running.slurm import Requeue, TimeLimit, check_request, requeueing
-from tests.conftest import refused, tiny_overrides
+from tests.conftest import refusal, refused, tiny_overrides
 from tests.test_docs import blocks, command_lines
 
 ON_CPU = ["hydra/launcher=slurm", "hydra.launcher.partition=cpu", "hydra.launcher.cpus_per_task=1",
@@ -447,3 +447,26 @@ def test_the_time_limit_signal_inside_a_plugins_guarded_call_stays_the_time_limi
     task = SimpleNamespace(metrics=lambda records: handler.checkpoint_and_try_requeue(signal.SIGUSR2))
     with pytest.raises(TimeLimit, match="^SLURM signalled the time limit before a group finished"):
         check_first_record(task, {"group": 0})
+
+
+def test_a_submission_sbatch_refuses_after_its_test_passed_is_one_line(tmp_path, tiny_checkpoint, monkeypatch,
+                                                                       capsys, no_work):
+    """sbatch --test-only checks no account or QOS: a real submission it then refuses ends in one line with
+    sbatch's reason, after sbatch's own (submitit leaves its stderr to the terminal), and nothing runs."""
+    commands = tmp_path / "bin"
+    commands.mkdir()
+    (commands / "sbatch").write_text('#!/bin/sh\ncase "$*" in *--test-only*) exit 0;; esac\n'
+                                     'echo "sbatch: error: Batch job submission failed: Invalid account or '
+                                     'account/partition combination specified" >&2\nexit 1\n')
+    (commands / "sbatch").chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", f"{commands}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    said = refusal(["memdefrag", *sweep_args(tiny_checkpoint, tmp_path / "s", "method=none", *ON_CPU)], monkeypatch,
+                   capsys).strip().splitlines()
+    assert said[:-1] == ["sbatch: error: Batch job submission failed: Invalid account or account/partition "
+                         "combination specified"], said
+    line = said[-1]
+    assert line == ("memdefrag: error: slurm refused the submission (sbatch: error: Batch job submission failed: "
+                    "Invalid account or account/partition combination specified): nothing was submitted; rerun the "
+                    "same command once it can be"), line
+    assert no_work == []

@@ -67,21 +67,26 @@ class Section:
 
 def runs_under(root: Path) -> list[Run]:
     """The runs below `root` (one still running, or killed, counts for what it answered; its run.json is
-    read when written). A folder whose config.yaml cannot be read is left out, one line on stderr says
-    which; none at all is refused, before anything is written."""
-    runs, skipped = [], []
+    read when written). A folder whose config.yaml cannot be read, or that holds no answer yet, is left out,
+    one line on stderr says which; none at all is refused, before anything is written."""
+    runs, skipped, unanswered = [], [], []
     for folder in run_folders(root):
         try:
-            runs.append(Run(folder, OmegaConf.to_container(read_config(folder)),
-                            read_run_info(folder) if (folder / "run.json").is_file() else {}))
+            run = Run(folder, OmegaConf.to_container(read_config(folder)),
+                      read_run_info(folder) if (folder / "run.json").is_file() else {})
         except (OSError, ValueError):                    # the config (a ConfigError) or run.json unreadable
             skipped.append(str(folder))
+            continue
+        (runs if read_jsonl(folder / "predictions.jsonl") else unanswered).append(run)
     if skipped:
         print(f"memdefrag report: left out {len(skipped)} run folders whose config.yaml or run.json cannot be read: "
               f"{', '.join(skipped)}", file=sys.stderr)
+    if unanswered:
+        print(f"memdefrag report: left out {len(unanswered)} run folders with no answer yet: "
+              f"{', '.join(str(run.folder) for run in unanswered)}", file=sys.stderr)
     if not runs:
-        raise ConfigError(f"{root} holds no run (a folder with config.yaml and predictions.jsonl): nothing to "
-                          f"report, nothing written")
+        raise ConfigError(f"{root} holds no run with an answer (a folder with config.yaml and a record in "
+                          f"predictions.jsonl): nothing to report, nothing written")
     return runs
 
 

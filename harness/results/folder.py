@@ -138,18 +138,35 @@ class ResultFolder:
         self.records: list[dict] = []
         self.lines: dict[int, list[str]] = {}             # group -> its record lines as written
         self.rerun: list[int] = []                        # finished groups whose records were damaged
+        self.cfg, self.kept = cfg, []                     # what the folder's files become at the first write
+        self._predictions = self._groups = None
         try:
-            kept: list[str] = []
             if resume and (self.folder / "groups.jsonl").exists():
                 self._check_same_run(cfg)
-                kept = self._verified_groups()
-            with self.writing():
-                atomic_write(self.folder / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-                self._predictions = _rewrite(self.folder / "predictions.jsonl", kept)
-                self._groups = _rewrite(self.folder / "groups.jsonl", [self._group_line(g) for g in self.done])
+                self.kept = self._verified_groups()
+            self._check_writable()
         except BaseException:
             self.lock.release()
             raise
+
+    def _check_writable(self) -> None:
+        """Before any work: the folder takes new files and its files can be appended to (none is cut or made)."""
+        with self.writing():
+            for name in ("config.yaml", "predictions.jsonl", "groups.jsonl"):
+                if (self.folder / name).exists():
+                    open(self.folder / name, "a", encoding="utf-8").close()
+            probe = self.folder / f".{os.getpid()}.probe"
+            probe.write_text("", encoding="utf-8")
+            probe.unlink()
+
+    def _open(self) -> None:
+        """At this run's first write, the folder's files become its own: its config, the records it kept. Until
+        then a run that stops (a model that fails to load, under resume=false) leaves the results it found."""
+        if self._predictions is None:
+            with self.writing():
+                atomic_write(self.folder / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
+                self._predictions = _rewrite(self.folder / "predictions.jsonl", self.kept)
+                self._groups = _rewrite(self.folder / "groups.jsonl", [self._group_line(g) for g in self.done])
 
     def _verified_groups(self) -> list[str]:
         """Keep the finished groups whose records on disk are the ones they finished with (the rest run again);
@@ -203,6 +220,7 @@ class ResultFolder:
 
     def add(self, record: dict) -> None:
         line = json.dumps(record)
+        self._open()
         with self.writing():
             self._predictions.write(line + "\n")
             self._predictions.flush()
@@ -210,12 +228,14 @@ class ResultFolder:
         self.lines.setdefault(record["group"], []).append(line)
 
     def end_group(self, group: int, seconds: float) -> None:
+        self._open()
         self.done[group] = seconds
         with self.writing():
             self._groups.write(json.dumps(self._group_line(group)) + "\n")
             self._groups.flush()
 
     def finish(self, metrics, info: dict) -> None:
+        self._open()
         with self.writing():
             self._predictions.close()
             self._groups.close()
@@ -225,7 +245,7 @@ class ResultFolder:
 
     def close(self) -> None:
         """Stop writing and let another run have the folder."""
-        for handle in (getattr(self, "_predictions", None), getattr(self, "_groups", None)):
+        for handle in (self._predictions, self._groups):
             if handle is not None and not handle.closed:
                 try:
                     handle.close()

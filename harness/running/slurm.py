@@ -32,7 +32,7 @@ from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import OmegaConf, open_dict
 from submitit.core.job_environment import JobEnvironment, SignalHandler
-from submitit.core.utils import DelayedSubmission
+from submitit.core.utils import DelayedSubmission, FailedJobError
 
 from harness.errors import ConfigError, stops_on_config_error
 from harness.results.folder import read_jsonl
@@ -206,8 +206,15 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
         nums = range(initial_job_idx, initial_job_idx + len(job_overrides))
         folders = [self.run_folder(list(o), num) for o, num in zip(job_overrides, nums)]
         self.runs = {num: str(sweep_dir.absolute() / folder) for num, folder in zip(nums, folders)}  # for the jobs
-        jobs = executor.map_array(self, [list(o) for o in job_overrides], ["hydra.sweep.dir"] * len(nums), list(nums),
-                                  [f"job_id_for_{num}" for num in nums], [Singleton.get_state()] * len(nums))
+        with stops_on_config_error("memdefrag"):
+            try:
+                jobs = executor.map_array(self, [list(o) for o in job_overrides], ["hydra.sweep.dir"] * len(nums),
+                                          list(nums), [f"job_id_for_{num}" for num in nums],
+                                          [Singleton.get_state()] * len(nums))
+            except FailedJobError as err:   # what --test-only passed (SLURM checks no account or QOS there)
+                said = str(err).strip().splitlines()
+                raise ConfigError(f"{self._EXECUTOR} refused the submission ({said[-1] if said else 'no reason given'})"
+                                  f": nothing was submitted; rerun the same command once it can be") from None
         logs = Path(jobs[0].paths.folder).parent
         print(f"submitted {len(jobs)} runs as {self._EXECUTOR} job {jobs[0].job_id.split('_')[0]}; "
               f"job logs in {logs}", flush=True)
