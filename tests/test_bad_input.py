@@ -14,6 +14,13 @@ from tests.conftest import refusal, refused
 
 NQA_MISSING = "task.dataset=nqa"
 CASES = [
+    (["method=nonsense"], "Could not find 'method/nonsense'; method is one of ape, ape_sharp, cacheblend, epic,"),
+    (["hydra/launcher=nonsense"], "hydra/launcher is one of basic, local, slurm, submitit_local, submitit_slurm"),
+    (["task.grups=1"], "task.grups is not an option of Retention, which takes dataset, data_dir, groups, updates,"),
+    (["thread=1"], "thread is not an option of Run, which takes model, method, task,"),
+    (["~task"], "task: missing, a run needs a value"),
+    (["hydra.run.dir="], "hydra.run.dir=: names no folder; give the folder the run writes into"),
+    (["hydra/launcher=slurm"], "hydra/launcher=slurm launches a sweep's jobs: add -m (--multirun)"),
     # wrong types, refused by the typed schemas (conf/schema.py)
     (["method.tracer_layer=abc"], "method.tracer_layer: Value 'abc'"),
     (["method.tracer_layer=1.5"], "method.tracer_layer: Value '1.5'"),
@@ -55,10 +62,10 @@ CASES = [
     (["task=probe", "task.positions=[x]"], "task.positions[0]: Value 'x'"),
     (["forgetting=random", "forgetting.capacity=x"], "forgetting.capacity: Value 'x'"),
     # unknown keys and choices
-    (["method.kk=1"], "method.kk: Key 'kk' not in 'MemDefragSchema'"),
-    (["task.grups=3"], "task.grups: Key 'grups' not in 'RetentionSchema'"),
-    (["model.nme=x"], "model.nme: Key 'nme' not in 'ModelSchema'"),
-    (["foo=1"], "foo: Key 'foo' not in 'RunSchema'"),
+    (["method.kk=1"], "method.kk is not an option of MemDefrag, which takes k, tracer_layer,"),
+    (["task.grups=3"], "task.grups is not an option of Retention, which takes dataset,"),
+    (["model.nme=x"], "model.nme is not an option of Model, which takes name, source,"),
+    (["foo=1"], "foo is not an option of Run, which takes model, method,"),
     (["method=nosuch"], "Could not find 'method/nosuch'"),
     (["task=nosuch"], "Could not find 'task/nosuch'"),
     (["model=nosuch"], "Could not find 'model/nosuch'"),
@@ -126,7 +133,7 @@ CASES = [
     (["method=mplus_defrag", "backend=hidden_prefix"], "error: method mplus needs a checkpoint of model_type "
      "'memoryllm'"),
     (["method=memoryllm", "method.defragment=maybe"], "method.defragment: Value 'maybe'"),
-    (["compression=none", "compression.rate=0.5"], "compression.rate: Key 'rate' not in 'CompressionSchema'"),
+    (["compression=none", "compression.rate=0.5"], "compression.rate is not an option of Compression, which takes no option"),
     # devices, device maps and every model a run names, checked before weights (whether or not the hub answers)
     (["model.device=meta"], "model.device='meta' is not a device this harness runs on: use auto, cpu, cuda"),
     (["model.device=mps"], "model.device='mps' is not a device this harness runs on"),
@@ -232,7 +239,7 @@ CASES = [
     (["task=probe", "task.groups=0"], "task.groups=0 and task.updates=20 must both be >= 1"),
     (["task=distortion", "task.groups=0"], "task.groups=0 and task.updates=20 must both be >= 1"),
     (["task=distortion", "task.updates=0"], "task.groups=20 and task.updates=0 must both be >= 1"),
-    (["task=distortion", "task.eval_steps=[0]"], "task.eval_steps: Key 'eval_steps' not in 'DistortionSchema'"),
+    (["task=distortion", "task.eval_steps=[0]"], "task.eval_steps is not an option of Distortion, which takes dataset,"),
     (["task=longbench", "task.max_tokens=0"], "task.max_tokens=0 must be an integer >= 1"),
     (["task=longbench", "task.overflow=truncate", "task.max_tokens=-1"],
      "task.max_tokens=-1 must be an integer >= 1"),
@@ -247,8 +254,8 @@ CASES = [
     (["model.dtype=fp16"], "model.dtype: Invalid value 'fp16', expected one of [float32, bfloat16, float16]"),
     (["model.prompt=other"], "model.prompt: Invalid value 'other', expected one of [chat, plain]"),
     (["logger=wandb", "logger.mode=disabledx"], "logger.mode: Invalid value 'disabledx'"),
-    (["experiment=main", "method.k=0"], "method.k: Key 'k' not in 'MethodSchema'"),
-    (["model=gemma3_270m", "task.layers=[1]"], "task.layers: Key 'layers' not in 'RetentionSchema'"),
+    (["experiment=main", "method.k=0"], "method.k is not an option of Method, which takes no option"),
+    (["model=gemma3_270m", "task.layers=[1]"], "task.layers is not an option of Retention, which takes dataset,"),
     (["backend=hidden_prefix", "method=memoryllm_defrag"], "method memoryllm needs a checkpoint of model_type "
      "'memoryllm', got 'llama'"),
     (["task.dataset=squad", "task.data_dir=/etc/hostname"], "task.data_dir='/etc/hostname' has no folder squad/"),

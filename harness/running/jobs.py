@@ -9,6 +9,7 @@ or any weights load.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from pathlib import Path
@@ -20,17 +21,18 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from harness.errors import ConfigError
 from harness.results.paths import writable_folder
-from harness.running.runner import preflight
+from harness.running.runner import check_given, preflight
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 RUN_FLAGS = ("-m", "--multirun")          # any other Hydra flag (--help, --cfg, ...) asks for no run
 
 
 # Hydra's words for a key of a config file that its schema (the plugin's constructor) lacks
+AVAILABLE = re.compile(r"Available options in '(?P<group>[^']+)':\n(?P<options>(?:\t.*\n?)*)")
 UNKNOWN_KEY = re.compile(r"In '(?P<file>[^']+)': ConfigKeyError raised while composing config:\n"
                          r"Key '(?P<key>[^']+)' not in '(?P<schema>\w+)'")
 
@@ -43,9 +45,17 @@ def one_line(err: Exception) -> ConfigError:
     if unknown:
         return unknown_key(**unknown.groupdict())
     text = str(err).splitlines()[0] if str(err) else type(err).__name__
-    key = getattr(err, "full_key", None)
+    key, schema = getattr(err, "full_key", None), getattr(err, "object_type", None)
+    if isinstance(err, (ConfigAttributeError, ConfigKeyError)) and key and dataclasses.is_dataclass(schema):
+        taken = [f.name for f in dataclasses.fields(schema) if f.name not in ("_target_", "label")]
+        return ConfigError(f"{key} is not an option of {schema.__name__.removesuffix('Schema')}, which takes "
+                           f"{', '.join(taken) or 'no option'}")
     if isinstance(err, OmegaConfBaseException) and key:
         return ConfigError(f"{key}: {text}")
+    offered = AVAILABLE.search(str(err))                # a config group's option it lacks: Hydra lists the others
+    if offered:
+        options = [o for o in offered.group("options").split() if not o.endswith("_schema")]
+        return ConfigError(f"{text}; {offered.group('group')} is one of {', '.join(options)}")
     return ConfigError(text)
 
 
@@ -91,7 +101,19 @@ def job_overrides(config_name: str, args: list[str]) -> CommandLine:
     base = composed(config_name, lines, hydra=True)
     check_booleans(loose_values(parsed), base)
     multirun = any(a in RUN_FLAGS for a in args) or base.hydra.mode == RunMode.MULTIRUN
-    writable_folder("output folder", base.hydra.sweep.dir if multirun else base.hydra.run.dir)
+    launcher = base.hydra.runtime.choices.get("hydra/launcher")
+    if not multirun and launcher not in (None, "basic"):
+        raise ConfigError(f"hydra/launcher={launcher} launches a sweep's jobs: add -m (--multirun), or leave the "
+                          f"launcher out to run here")
+    check_given(base)                           # before the folder, which may be named by what is missing
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    try:
+        folder = OmegaConf.select(base, key, throw_on_missing=True)
+    except OmegaConfBaseException as err:       # a folder named by a value the command line took away (~task)
+        raise one_line(err) from None
+    if not str(folder or "").strip():
+        raise ConfigError(f"{key}={folder or ''}: names no folder; give the folder the run writes into")
+    writable_folder("output folder", folder)
     if not multirun:
         return CommandLine(lines, base, [overrides])
     given = {o.key_or_group for o in parsed}

@@ -14,7 +14,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationResolutionError
+from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from harness.models import selfcheck
@@ -72,6 +72,15 @@ def peak_memory_mb(device: torch.device) -> dict[str, float]:
     return measured
 
 
+def check_given(cfg: DictConfig) -> None:
+    """Every setting of the run's is given (a config group, say; a missing value inside one is named where it is
+    read)."""
+    missing = [key for key in cfg if key != "hydra" and OmegaConf.is_missing(cfg, key)]
+    if missing:
+        raise ConfigError(f"{', '.join(missing)}: missing, a run needs a value (a command line's ~key takes a "
+                          f"config group's away): give it one")
+
+
 def preflight(cfg: DictConfig, choices: dict | None = None):
     """Every check that can fail on input, before any model weight is loaded. choices: the option the command
     line chose in each config group (Hydra's), which messages name; a group's label where they are unknown."""
@@ -81,11 +90,12 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
 
     try:
         resolved = OmegaConf.to_container(cfg, resolve=True)
-    except InterpolationResolutionError as err:
+    except OmegaConfBaseException as err:         # an interpolation that failed, a value missing (`~task`)
         cause = err
         while cause is not None and not isinstance(cause, ConfigError):
             cause = cause.__cause__ or cause.__context__
         raise (cause or ConfigError(f"{err.full_key}: {str(err).splitlines()[0]}")) from None
+    check_given(cfg)
     for key, value in flattened(resolved).items():
         for number in value if isinstance(value, list) else [value]:
             if isinstance(number, float) and not math.isfinite(number):
