@@ -166,3 +166,13 @@ def test_hydra_names_a_run_folder_plainly(tmp_path):
     assert config.method.label == "ape T=0.9 S=0.9"
     for folder in (config.hydra.run.dir, config.hydra.sweep.subdir):
         assert folder.endswith("_ape-d8c38b7f_unbounded_synthetic") and not set("[], =") & set(folder)
+
+
+@pytest.mark.parametrize("written", ['{"seconds": {"tot', "[1, 2]"])
+def test_a_run_json_that_cannot_be_read_is_named_in_one_line(written, tmp_path, monkeypatch, capsys):
+    fake_run(tmp_path / "r", "Retention", "vanilla", [{"group": 0, "step": 1, "correct": True,
+                                                       "beyond_window": 0}], info={"threads": 1})
+    (tmp_path / "r" / "run.json").write_text(written)
+    code, _, err = command(["memdefrag", "migrate", tmp_path], monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1 and f"{tmp_path / 'r' / 'run.json'}" in err, err
+    assert (tmp_path / "r" / "run.json").read_text() == written

@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from harness.errors import ConfigError
 from harness.models.loading import ModelSpec, check_source
 from harness.plugins.contracts import answer_budget, build, prompt_positions
-from harness.results.folder import atomic_write
+from harness.results.folder import atomic_write, read_run_info
 from methods.formation import formation_header
 from methods.window import positions, trained_window, window_summary
 
@@ -102,7 +102,7 @@ def summarize(folder: Path, config: dict, records: list[dict]) -> bool:
     path = folder / "run.json"
     if not path.is_file() or not any("beyond_window" in r for r in records):
         return False
-    info = json.loads(path.read_text())
+    info = read_run_info(folder)
     if "window" in info:
         return False
     window, _ = model_window(config)

@@ -330,7 +330,16 @@ def read_config(folder: Path):
 
 
 def read_run_info(folder: Path) -> dict:
-    return json.loads((Path(folder) / "run.json").read_text())
+    """A run's run.json; one line naming the file where it cannot be read."""
+    path = Path(folder) / "run.json"
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path} cannot be read ({err}): mend or remove it (a finished run writes it last)") \
+            from None
+    if not isinstance(info, dict):
+        raise ConfigError(f"{path} holds no run's summary (a JSON object): mend or remove it")
+    return info
 
 
 def read_lines(path: Path) -> list[tuple[str, dict]]:
