@@ -64,6 +64,8 @@ class Session:
         formation_batch: how many fragments a forward forms (methods/formation.py: solo, batched; None: the
         device's default)."""
         self.model, self.tokenizer, self.backend, self.method = model, tokenizer, backend, method
+        method.check_model(model.config)                  # what the runner's preflight checks, for a library user
+        method.check(num_layers(model.config))
         method.with_tokenizer(tokenizer)
         self.window = window or Window(None)
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
@@ -149,6 +151,9 @@ class Session:
             targets: tuple[int, ...] = ()) -> Answer:
         """prompt, max_new_tokens: this question's own (a task's), instead of the session's; targets: the ids
         of the stored fragments that hold its answer, where the task knows them (an oracle reads them)."""
+        if self.method.reads_memory and not self.method.keeps_own_memory and not self.memory.fragments:
+            raise ValueError(f"nothing is stored yet for {type(self.method).__name__} to read: store() a fragment "
+                             f"first (a question with no memory is method none's)")
         prompt_ids = self.prompt_ids(question, prompt)
         max_new_tokens = max_new_tokens or self.max_new_tokens
         device = self.model.device

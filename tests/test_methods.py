@@ -67,3 +67,19 @@ def test_a_dominant_fragment_is_kept(llama, tokenizer):
 def test_no_memory_uses_the_prompt_alone(llama, tokenizer):
     answer = ask_after(llama, tokenizer, NoMemory(), ["the cat sat"])
     assert answer.memory_tokens == 0 and answer.densities == {}
+
+
+@pytest.mark.parametrize("layer", [-1, 3])
+def test_a_session_refuses_a_tracer_layer_its_model_lacks_as_it_is_made(layer, llama, tokenizer):
+    """What the runner's preflight checks, checked for a library user too, before anything is stored."""
+    with pytest.raises(ValueError, match=rf"method.tracer_layer={layer} is out of range: this model has 3 decoder"):
+        Session(llama, tokenizer, KVPrefixBackend(llama), MemDefrag(1, layer, "mean"), "shared_sink", "plain")
+
+
+def test_a_question_before_anything_is_stored_is_refused_unless_the_method_reads_no_memory(llama, tokenizer):
+    for method in (MemDefrag(1, 1, "mean"), Vanilla(), TextMemory()):
+        session = Session(llama, tokenizer, KVPrefixBackend(llama), method, "shared_sink", "plain", 4)
+        with pytest.raises(ValueError, match=f"nothing is stored yet for {type(method).__name__} to read"):
+            session.ask("where did the cat sit?")
+    none = Session(llama, tokenizer, KVPrefixBackend(llama), NoMemory(), "shared_sink", "plain", 4)
+    assert none.ask("where did the cat sit?").prompt_tokens > 0           # answered, with no memory read
