@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import hydra
@@ -21,7 +22,7 @@ from harness.report import migrate
 from harness.report import document as report
 from harness.running import shards
 from harness.models import tracer_layers
-from harness.errors import OneLineParser, stops_on_config_error
+from harness.errors import ConfigError, OneLineParser, stops_on_config_error
 from harness.running.jobs import check_jobs
 from harness.running.runner import run
 
@@ -121,6 +122,9 @@ def main() -> None:
         print(help_text())
     else:
         with stops_on_config_error("memdefrag"):
+            if command is not None and re.fullmatch(r"\w[\w-]*", command):    # a word alone: no override
+                raise ConfigError(f"{command!r} is neither a subcommand ({', '.join(COMMANDS)}) nor an override "
+                                  f"(KEY=VALUE, GROUP=CHOICE); memdefrag --help lists both")
             schema.check_names()
             check_jobs("config", sys.argv[1:])
         app()

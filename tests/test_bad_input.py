@@ -379,6 +379,9 @@ COMMAND_CASES = {   # the other commands: argv -> what the one line says ({tmp}:
     "report of two folders": (["memdefrag", "report", "{tmp}", "{tmp}"], "unrecognized arguments"),
     "merge of a folder without shards": (["memdefrag", "merge", "{tmp}"], "holds no sharded runs"),
     "merge of no folder": (["memdefrag", "merge", "{tmp}/nowhere"], "no such folder"),
+    "a misspelt subcommand": (["memdefrag", "reprot", "results"], "'reprot' is neither a subcommand (report, "
+                                                                  "plugins, compare, migrate, collect, merge, cache, "
+                                                                  "tracer-sweep) nor an override (KEY=VALUE"),
     "merge without a folder": (["memdefrag", "merge"], "the following arguments are required: folders"),
     "tracer-sweep of a layer by name": (["memdefrag", "tracer-sweep", "task.layers=[a]"],
                                         "task.layers=['a'] must be 'all', 'band' or a list"),
