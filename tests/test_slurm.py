@@ -397,6 +397,19 @@ def test_an_sbatch_refusing_without_a_word_is_still_one_line(monkeypatch):
         check_request("#!/bin/bash\n", {"partition": "cpu", "timeout_min": 240, "signal_delay_s": 30})
 
 
+@pytest.mark.parametrize("stdout, stderr, offered", [
+    ("cpu*|1|2|24105|(null)|2-00:00:00\nodd|row\n", "", "cpu (1 node, 2 CPUs, 24105 MB, no GPUs, time limit 2-00:00:00)"),
+    ("", "slurm_load_partitions: Unable to contact slurm controller (connect failure)\n",
+     "nothing `sinfo` could say (slurm_load_partitions: Unable to contact slurm controller (connect failure))")])
+def test_what_the_partitions_offer_is_said_whatever_sinfo_prints(stdout, stderr, offered, monkeypatch):
+    """The partitions named in a refusal: a row of another shape left out, a SLURM that cannot be reached said."""
+    from harness.running.slurm import partitions
+
+    monkeypatch.setattr("harness.running.slurm.ask",
+                        lambda *command, stdin=None: subprocess.CompletedProcess(command, 0, stdout, stderr))
+    assert partitions() == offered
+
+
 def requeue_handler(groups: Path, timeout_min: int, signal_delay_s: int, countdown: int, requeue=None) -> Requeue:
     """A try's Requeue as Slurm.__call__ builds it, its job environment stood in (`requeue`: scontrol's part)."""
     env = SimpleNamespace(paths=None, global_rank=0, _requeue=requeue)

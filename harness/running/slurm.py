@@ -71,10 +71,12 @@ def ask(*command: str, stdin: str | None = None) -> subprocess.CompletedProcess:
 
 def partitions() -> str:
     """What each partition offers, for a message: `cpu (1 node, 2 CPUs, 24105 MB, gpu:1, time limit 2-00:00:00)`."""
-    rows = ask("sinfo", "-h", "-o", "%P|%D|%c|%m|%G|%l").stdout.split()
-    return ", ".join(f"{p.rstrip('*')} ({n} node{'s' * (n != '1')}, {c} CPUs, {m} MB, "
-                     f"{'no GPUs' if g == '(null)' else g}, time limit {t})"
-                     for p, n, c, m, g, t in (row.split("|") for row in rows))
+    answer = ask("sinfo", "-h", "-o", "%P|%D|%c|%m|%G|%l")
+    rows = [row.split("|") for row in answer.stdout.split()]
+    offered = ", ".join(f"{p.rstrip('*')} ({n} node{'s' * (n != '1')}, {c} CPUs, {m} MB, "
+                        f"{'no GPUs' if g == '(null)' else g}, time limit {t})"
+                        for p, n, c, m, g, t in (row for row in rows if len(row) == 6))
+    return offered or f"nothing `sinfo` could say ({(answer.stderr.strip() or 'no rows').splitlines()[-1]})"
 
 
 def check_time(params: dict) -> None:
