@@ -398,7 +398,8 @@ def test_an_sbatch_refusing_without_a_word_is_still_one_line(monkeypatch):
 
 
 @pytest.mark.parametrize("stdout, stderr, offered", [
-    ("cpu*|1|2|24105|(null)|2-00:00:00\nodd|row\n", "", "cpu (1 node, 2 CPUs, 24105 MB, no GPUs, time limit 2-00:00:00)"),
+    ("cpu*|1|2|24105|(null)|2-00:00:00\nodd|row\n", "",
+     "cpu (1 node, 2 CPUs, 24105 MB, no GPUs, time limit 2-00:00:00)"),
     ("", "slurm_load_partitions: Unable to contact slurm controller (connect failure)\n",
      "nothing `sinfo` could say (slurm_load_partitions: Unable to contact slurm controller (connect failure))")])
 def test_what_the_partitions_offer_is_said_whatever_sinfo_prints(stdout, stderr, offered, monkeypatch):
