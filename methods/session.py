@@ -151,7 +151,7 @@ class Session:
             targets: tuple[int, ...] = ()) -> Answer:
         """prompt, max_new_tokens: this question's own (a task's), instead of the session's; targets: the ids
         of the stored fragments that hold its answer, where the task knows them (an oracle reads them)."""
-        if self.method.reads_memory and not self.method.keeps_own_memory and not self.memory.fragments:
+        if self.method.reads_memory and not self.method.keeps_own_memory and self.memory.sink is None:
             raise ValueError(f"nothing is stored yet for {type(self.method).__name__} to read: store() a fragment "
                              f"first (a question with no memory is method none's)")
         prompt_ids = self.prompt_ids(question, prompt)

@@ -133,7 +133,8 @@ CASES = [
     (["method=mplus_defrag", "backend=hidden_prefix"], "error: method mplus needs a checkpoint of model_type "
      "'memoryllm'"),
     (["method=memoryllm", "method.defragment=maybe"], "method.defragment: Value 'maybe'"),
-    (["compression=none", "compression.rate=0.5"], "compression.rate is not an option of Compression, which takes no option"),
+    (["compression=none", "compression.rate=0.5"],
+     "compression.rate is not an option of Compression, which takes none (besides _target_ and label)"),
     # devices, device maps and every model a run names, checked before weights (whether or not the hub answers)
     (["model.device=meta"], "model.device='meta' is not a device this harness runs on: use auto, cpu, cuda"),
     (["model.device=mps"], "model.device='mps' is not a device this harness runs on"),
@@ -239,7 +240,8 @@ CASES = [
     (["task=probe", "task.groups=0"], "task.groups=0 and task.updates=20 must both be >= 1"),
     (["task=distortion", "task.groups=0"], "task.groups=0 and task.updates=20 must both be >= 1"),
     (["task=distortion", "task.updates=0"], "task.groups=20 and task.updates=0 must both be >= 1"),
-    (["task=distortion", "task.eval_steps=[0]"], "task.eval_steps is not an option of Distortion, which takes dataset,"),
+    (["task=distortion", "task.eval_steps=[0]"],
+     "task.eval_steps is not an option of Distortion, which takes dataset,"),
     (["task=longbench", "task.max_tokens=0"], "task.max_tokens=0 must be an integer >= 1"),
     (["task=longbench", "task.overflow=truncate", "task.max_tokens=-1"],
      "task.max_tokens=-1 must be an integer >= 1"),
@@ -254,7 +256,7 @@ CASES = [
     (["model.dtype=fp16"], "model.dtype: Invalid value 'fp16', expected one of [float32, bfloat16, float16]"),
     (["model.prompt=other"], "model.prompt: Invalid value 'other', expected one of [chat, plain]"),
     (["logger=wandb", "logger.mode=disabledx"], "logger.mode: Invalid value 'disabledx'"),
-    (["experiment=main", "method.k=0"], "method.k is not an option of Method, which takes no option"),
+    (["experiment=main", "method.k=0"], "method.k is not an option of Method, which takes none"),
     (["model=gemma3_270m", "task.layers=[1]"], "task.layers is not an option of Retention, which takes dataset,"),
     (["backend=hidden_prefix", "method=memoryllm_defrag"], "method memoryllm needs a checkpoint of model_type "
      "'memoryllm', got 'llama'"),

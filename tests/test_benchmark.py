@@ -56,9 +56,11 @@ def test_an_offline_gpu_node_saves_and_times_a_shape_with_a_tokenizer_folder_and
     assert "model=tiny (random weights)" in out.read_text()
 
 
-def test_the_benchmark_times_only_the_methods_asked_for(tmp_path):
+@pytest.mark.parametrize("size", ["1", "2"])
+def test_the_benchmark_times_only_the_methods_asked_for(size, tmp_path):
+    """One fragment too: its first question is asked over the sink alone, before the fragment is stored."""
     out = tmp_path / "speed.md"
-    main(["--shape", "tiny", "--sizes", "2", "--new-tokens", "2", "--repeats", "1", "--methods", "vanilla",
+    main(["--shape", "tiny", "--sizes", size, "--new-tokens", "2", "--repeats", "1", "--methods", "vanilla",
           "--out", str(out)])
     rows = out.read_text().splitlines()[4:]
     assert len(rows) == 1 and "| vanilla " in rows[0]

@@ -218,7 +218,7 @@ def test_the_traces_buffers_are_never_held_twice_when_a_longer_prompt_outgrows_t
 
 def test_a_store_forms_its_fragment_with_the_trace_gone(tokenizer):
     """The trace's placed memory (0.74 GB at N_max on the 8B shape) is forgotten before a fragment is formed, so an
-    update holds the weights, the memory and the formation alone (docs/gpu.md: 18.4 GB there, under a question's
+    update holds the weights, the memory and the formation alone (docs/gpu.md: 18.2 GB there, under a question's
     18.6 GB); the next question places the memory again and answers as a session that never forgot it."""
     model = tiny_llama()
     texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(4)) for i in range(6)]   # each within the spare room

@@ -211,9 +211,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from evals.retention import Retention
     from harness.models.shapes import SHAPES, build
-    from harness.models.loading import DTYPES, load
+    from harness.models.loading import DTYPES, check_source, load
 
-    parser = OneLineParser(description=main.__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m harness.models.selfcheck", description=main.__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="a config in conf/model/")
     parser.add_argument("--source", default=None, help="the model's weights (model.source): a hub id, a folder or "
                                                        "a .gguf file; with --model hf, required")
@@ -227,6 +227,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None, help="also write the table as Markdown here")
     args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error(f"--threads {args.threads}: must be >= 1")
+    if args.shape and args.source:
+        parser.error(f"--source {args.source}: a --shape is a random model; give --model hf --source instead")
     torch.set_num_threads(args.threads)
     if args.shape:
         model, tokenizer, _, _ = build(args.shape, args.device, args.dtype or "float32", args.tokenizer)
@@ -246,6 +250,7 @@ def main(argv: list[str] | None = None) -> None:
                 parser.error(f"--model {args.model}{f' --source {args.source}' if args.source else ''}: "
                              f"{str(err).splitlines()[0]} (--model names a file in conf/model/; --model hf takes "
                              f"its weights from --source)")
+        refuse_unsupported(KVPrefixBackend, check_source(spec)[0])     # the fast backend's refusals, before load
         model, tokenizer = load(spec)
         name, prompt = args.model, spec.prompt
     group = Retention(args.dataset, args.data_dir, groups=1, updates=args.fragments).groups(tokenizer)[0]

@@ -150,11 +150,12 @@ class ResultFolder:
             raise
 
     def _check_writable(self) -> None:
-        """Before any work: the folder takes new files and its files can be appended to (none is cut or made)."""
+        """Before any work: the folder takes new files, and none of its files' names is taken by a folder (the
+        files are replaced whole, not written in place)."""
         with self.writing():
             for name in ("config.yaml", "predictions.jsonl", "groups.jsonl"):
-                if (self.folder / name).exists():
-                    open(self.folder / name, "a", encoding="utf-8").close()
+                if (self.folder / name).is_dir():
+                    raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(self.folder / name))
             probe = self.folder / f".{os.getpid()}.probe"
             probe.write_text("", encoding="utf-8")
             probe.unlink()
@@ -163,10 +164,10 @@ class ResultFolder:
         """At this run's first write, the folder's files become its own: its config, the records it kept. Until
         then a run that stops (a model that fails to load, under resume=false) leaves the results it found."""
         if self._predictions is None:
-            with self.writing():
-                atomic_write(self.folder / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
+            with self.writing():                # the config last: until it is written the records are the old run's
                 self._predictions = _rewrite(self.folder / "predictions.jsonl", self.kept)
                 self._groups = _rewrite(self.folder / "groups.jsonl", [self._group_line(g) for g in self.done])
+                atomic_write(self.folder / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
 
     def _verified_groups(self) -> list[str]:
         """Keep the finished groups whose records on disk are the ones they finished with (the rest run again);

@@ -47,9 +47,7 @@ def one_line(err: Exception) -> ConfigError:
     text = str(err).splitlines()[0] if str(err) else type(err).__name__
     key, schema = getattr(err, "full_key", None), getattr(err, "object_type", None)
     if isinstance(err, (ConfigAttributeError, ConfigKeyError)) and key and dataclasses.is_dataclass(schema):
-        taken = [f.name for f in dataclasses.fields(schema) if f.name not in ("_target_", "label")]
-        return ConfigError(f"{key} is not an option of {schema.__name__.removesuffix('Schema')}, which takes "
-                           f"{', '.join(taken) or 'no option'}")
+        return ConfigError(not_an_option(key, schema.__name__, [f.name for f in dataclasses.fields(schema)]))
     if isinstance(err, OmegaConfBaseException) and key:
         return ConfigError(f"{key}: {text}")
     offered = AVAILABLE.search(str(err))                # a config group's option it lacks: Hydra lists the others
@@ -66,11 +64,16 @@ def unknown_key(file: str, key: str, schema: str) -> ConfigError:
     nodes = ConfigStore.instance().repo.get(group, {})
     found = next((entry.node for entry in nodes.values() if hasattr(entry, "node")
                   and OmegaConf.get_type(entry.node).__name__ == schema), None)
-    accepted = [k for k in (found.keys() if found is not None else []) if k not in ("_target_", "label")]
     path = CONF / f"{file}.yaml"
-    return ConfigError(f"{path.relative_to(CONF.parent) if path.is_file() else file + '.yaml'}: {key} is not an "
-                       f"option of {schema.removesuffix('Schema')}, whose constructor takes "
-                       f"{', '.join(accepted) or 'none'} (besides _target_ and label)")
+    return ConfigError(f"{path.relative_to(CONF.parent) if path.is_file() else file + '.yaml'}: "
+                       f"{not_an_option(key, schema, list(found.keys()) if found is not None else [])}")
+
+
+def not_an_option(key: str, schema: str, options: list[str]) -> str:
+    """A key its schema (a plugin's constructor, or the run's settings) lacks, and the options it takes."""
+    taken = [option for option in options if option not in ("_target_", "label")]
+    return (f"{key} is not an option of {schema.removesuffix('Schema')}, which takes "
+            f"{', '.join(taken) or 'none'} (besides _target_ and label)")
 
 
 def composed(config_name: str, overrides: list[str], hydra: bool = False):

@@ -74,10 +74,9 @@ def check(config) -> None:
                                                                            .parameters):
         raise DecoderError(
             f"model type {config.model_type!r} has layers that latent memory cannot hold: its forward takes no "
-            f"key/value cache (neither `cache` nor `past_key_values`), so it keeps a state of its own (RWKV's "
-            f"recurrence, say), not per-token keys and values. A fragment's state must be stored and concatenated "
-            f"with another's, so neither backend can run it; decoders whose layers are all attention run (Llama, "
-            f"Qwen, Mistral, Gemma, ...)")
+            f"key/value cache (neither `cache` nor `past_key_values`), so there are no per-token keys and values "
+            f"to store and concatenate (RWKV keeps a recurrent state instead), and neither backend can run it; "
+            f"decoders whose layers are all attention run (Llama, Qwen, Mistral, Gemma, ...)")
     types = layer_types(config)
     stateful = sorted({t for t in types if t != SHARED and not (
         DYNAMIC_LAYER_TYPE_MAPPING.get(t) in PER_TOKEN)})

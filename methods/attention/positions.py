@@ -27,6 +27,7 @@ from transformers import DynamicCache
 
 from methods.attention.decoder import attention, attentions, cache_keyword, hooked, layers
 from methods.memory import Layered
+from methods.window import rope_settings
 
 ROTARY_PREFIX = "apply_rotary"
 PROBE_TOKENS = 8
@@ -154,11 +155,9 @@ LENGTH_DEPENDENT_ROTARY = ("dynamic", "longrope")
 
 
 def length_dependent_rotary(config) -> dict | None:
-    """The first rotary parameters of the config's (per layer type, where it has several) whose frequencies depend
+    """The first rotary settings of the config's (per layer type, where it has several) whose frequencies depend
     on how long a forward is, or None."""
-    parameters = getattr(config.get_text_config(), "rope_parameters", None) or {}
-    nested = [p for p in parameters.values() if isinstance(p, dict)]
-    return next((chosen for chosen in nested or [parameters]
+    return next((chosen for chosen in rope_settings(config.get_text_config())
                  if chosen.get("rope_type", chosen.get("type")) in LENGTH_DEPENDENT_ROTARY), None)
 
 

@@ -163,14 +163,16 @@ class KVPrefixBackend:
     @staticmethod
     def check(model_config) -> None:
         """Before any weights load: what the store and the re-placing cannot hold (RotaryError): positions
-        applied other than by a rotary function, layers reading another layer's keys and values."""
+        applied other than by a rotary function, rotary frequencies that change with a forward's length, layers
+        reading another layer's keys and values."""
         kind = model_config.model_type
         model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(model_config), None)
         if model_class is not None and not has_rotary_function(model_class):
             raise RotaryError(no_rotary_function(model_config, model_class.__module__))
         varying = length_dependent_rotary(model_config)
         if varying is not None:
-            switch = varying.get("original_max_position_embeddings", "the trained window")
+            switch = varying.get("original_max_position_embeddings",
+                                 model_config.get_text_config().max_position_embeddings)
             raise RotaryError(f"places stored keys by one rotary table; model type {kind!r} uses rope_type "
                               f"{varying.get('rope_type', varying.get('type'))!r}, whose frequencies transformers "
                               f"chooses per forward by its longest position (switching past {switch}), so a memory "
