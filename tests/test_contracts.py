@@ -143,8 +143,8 @@ def test_a_yaml_key_its_plugin_s_constructor_lacks_is_refused_naming_the_key_the
         cli.main()
     assert exit_.value.code == 2
     assert capsys.readouterr().err == (
-        "memdefrag: error: method/select_keep_order.yaml: keep_order is not an option of Selection, whose constructor "
-        "takes ranker, size, k, tau, k_max, arrangement, window, reading, tracer_layer, query_mode, seed, embedder "
+        "memdefrag: error: method/select_keep_order.yaml: keep_order is not an option of Selection, which takes "
+        "ranker, size, k, tau, k_max, arrangement, window, reading, tracer_layer, query_mode, seed, embedder "
         "(besides _target_ and label)\n")
 
 
