@@ -106,8 +106,8 @@ def next_token_nll(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     positions at a time (`nll_rows`): each row's log-softmax is its own, so the nats are those of all at once."""
     rows = nll_rows(logits.shape[-1])
     wanted = ids[1:].view(-1, 1).to(logits.device)
-    return torch.cat([-torch.log_softmax(part.float(), dim=-1).gather(1, ids).squeeze(1)
-                      for part, ids in zip(logits[:-1].split(rows), wanted.split(rows))])
+    return torch.cat([-torch.log_softmax(part.float(), dim=-1).gather(1, targets).squeeze(1)
+                      for part, targets in zip(logits[:-1].split(rows), wanted.split(rows))])
 
 
 class Former:

@@ -43,7 +43,7 @@ def trained_window(config) -> int | None:
     text = config.get_text_config()
     declared = next((int(getattr(text, f)) for f in DECLARED if getattr(text, f, None)), None)
     scaled = [int(p["factor"] * p["original_max_position_embeddings"]) for p in rope_settings(text)
-              if p.get("rope_type", p.get("type")) in SCALED and p.get("factor")
+              if rope_type(p) in SCALED and p.get("factor")
               and p.get("original_max_position_embeddings")]
     return max([*scaled, *([] if declared is None else [declared])], default=None)
 
@@ -53,6 +53,11 @@ def rope_settings(text_config) -> list[dict]:
     rope = getattr(text_config, "rope_parameters", None) or getattr(text_config, "rope_scaling", None) or {}
     nested = bool(rope) and all(isinstance(v, dict) or v is None for v in rope.values())
     return [p for p in (rope.values() if nested else [rope]) if p]
+
+
+def rope_type(settings: dict) -> str | None:
+    """One rotary setting's type (`rope_type`; `type` in configs written before transformers renamed it)."""
+    return settings.get("rope_type", settings.get("type"))
 
 
 def positions(prefix: int, prompt: int, budget: int) -> int:

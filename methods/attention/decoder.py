@@ -37,7 +37,12 @@ def cache_keyword(module) -> str:
 @functools.cache
 def _cache_keyword_of(model_class) -> str:
     """Read once per class: every prefill and decoding step asks."""
-    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+    return "cache" if "cache" in cache_keywords(model_class) else "past_key_values"
+
+
+def cache_keywords(model_class) -> set[str]:
+    """The key/value cache keywords a model class's forward takes (none: it keeps no cache, RWKV say)."""
+    return {"cache", "past_key_values"} & set(inspect.signature(model_class.forward).parameters)
 
 
 def num_layers(config) -> int:
@@ -70,8 +75,7 @@ def check(config) -> None:
     """Before any weights load: the model takes a key/value cache, and every layer keeps per-token keys and values
     (or reads another's)."""
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
-    if model_class is not None and not {"cache", "past_key_values"} & set(inspect.signature(model_class.forward)
-                                                                           .parameters):
+    if model_class is not None and not cache_keywords(model_class):
         raise DecoderError(
             f"model type {config.model_type!r} has layers that latent memory cannot hold: its forward takes no "
             f"key/value cache (neither `cache` nor `past_key_values`), so there are no per-token keys and values "

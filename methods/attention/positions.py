@@ -27,7 +27,7 @@ from transformers import DynamicCache
 
 from methods.attention.decoder import attention, attentions, cache_keyword, hooked, layers
 from methods.memory import Layered
-from methods.window import rope_settings
+from methods.window import rope_settings, rope_type
 
 ROTARY_PREFIX = "apply_rotary"
 PROBE_TOKENS = 8
@@ -158,7 +158,7 @@ def length_dependent_rotary(config) -> dict | None:
     """The first rotary settings of the config's (per layer type, where it has several) whose frequencies depend
     on how long a forward is, or None."""
     return next((chosen for chosen in rope_settings(config.get_text_config())
-                 if chosen.get("rope_type", chosen.get("type")) in LENGTH_DEPENDENT_ROTARY), None)
+                 if rope_type(chosen) in LENGTH_DEPENDENT_ROTARY), None)
 
 
 def no_rotary_function(config, module_name: str) -> str:

@@ -22,6 +22,7 @@ from methods.attention.positions import (Rotary, RotaryError, has_rotary_functio
                                         no_rotary_function)
 from methods.attention.recompute import recompute, recompute_through
 from methods.attention.tracing import recording_attention, until_stopped
+from methods.window import rope_type
 
 
 class PrefixLayer(DynamicLayer):
@@ -174,7 +175,7 @@ class KVPrefixBackend:
             switch = varying.get("original_max_position_embeddings",
                                  model_config.get_text_config().max_position_embeddings)
             raise RotaryError(f"places stored keys by one rotary table; model type {kind!r} uses rope_type "
-                              f"{varying.get('rope_type', varying.get('type'))!r}, whose frequencies transformers "
+                              f"{rope_type(varying)!r}, whose frequencies transformers "
                               f"chooses per forward by its longest position (switching past {switch}), so a memory "
                               f"placed for one read and a prompt read after it could rotate differently")
         shared = decoder.shared_layers(model_config)
