@@ -53,21 +53,28 @@ class Answer:
         return {"peak_mb": self.peak_mb} if self.peak_mb else {}
 
 
+def text_given(call: str, name: str, value) -> None:
+    """A library call's text argument is a string: anything else is one TypeError naming it, before any forward."""
+    if not isinstance(value, str):
+        raise TypeError(f"Session.{call}: {name} must be a str, not {type(value).__name__} ({value!r:.60})")
+
+
 class Session:
     def __init__(self, model, tokenizer, backend, method: Method, formation: str, prompt: str,
                  max_new_tokens: int = 32, reuse: dict | None = None,
                  forgetting: Forgetting | NoForgetting | None = None, compressor: Compression | None = None,
                  memory_on: str = "model", window: Window | None = None, decode: str | None = None,
                  formation_batch: str | None = None):
-        """window: what counts the positions of every read against the model's (none: nothing counts); decode:
-        how an answer's steps run (methods/generation.py: eager, captured, compiled; None: the device's default);
+        """window: what counts the positions of every read against the model's (None: the model's own trained
+        window, a read past it refused; Window(None) counts nothing); decode: how an answer's steps run
+        (methods/generation.py: eager, captured, compiled; None: the device's default);
         formation_batch: how many fragments a forward forms (methods/formation.py: solo, batched; None: the
         device's default)."""
         self.model, self.tokenizer, self.backend, self.method = model, tokenizer, backend, method
         method.check_model(model.config)                  # what the runner's preflight checks, for a library user
         method.check(num_layers(model.config))
         method.with_tokenizer(tokenizer)
-        self.window = window or Window(None)
+        self.window = window or Window.of(model)
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
         self.decode = decode or default_decode(model.device)
         one_of("decode", self.decode, Decode)
@@ -100,6 +107,11 @@ class Session:
     def store(self, text: str, reuse: bool = False) -> int:
         """Form one fragment and admit it, forgetting to stay within capacity; returns its id.
         reuse: the text recurs (see Former.next_fragment)."""
+        text_given("store", "text", text)
+        with self.window.watching(self.model):
+            return self._store(text, reuse)
+
+    def _store(self, text: str, reuse: bool) -> int:
         self.backend.forget_trace()         # not held beside the forward that forms the fragment
         peaks = PeakWatch(self.model.device)
         start = clock(self.model.device)
@@ -150,7 +162,15 @@ class Session:
     def ask(self, question: str, prompt: str | None = None, max_new_tokens: int | None = None,
             targets: tuple[int, ...] = ()) -> Answer:
         """prompt, max_new_tokens: this question's own (a task's), instead of the session's; targets: the ids
-        of the stored fragments that hold its answer, where the task knows them (an oracle reads them)."""
+        of the stored fragments that hold its answer, where the task knows them (an oracle reads them).
+        A read past the window (the session's) raises WindowError, unless the window allows it."""
+        text_given("ask", "question", question)
+        with self.window.watching(self.model):
+            answer = self._ask(question, prompt, max_new_tokens, targets)
+            self.window.settle()
+        return answer
+
+    def _ask(self, question: str, prompt: str | None, max_new_tokens: int | None, targets: tuple[int, ...]) -> Answer:
         if self.method.reads_memory and not self.method.keeps_own_memory and self.memory.sink is None:
             raise ValueError(f"nothing is stored yet for {type(self.method).__name__} to read: store() a fragment "
                              f"first (a question with no memory is method none's)")

@@ -31,6 +31,8 @@ BEYOND_MARK = "(past window)"                 # a table's mark on a run that rea
 BEYOND_CELL = "†"                             # a cell's: an answer it counts read past it (a record's beyond_window)
 HOST = torch.device("cpu")                    # position ids here are read at once; an accelerator's wait for take
 WAYS_OUT = "lower model.memory_capacity, or set allow_beyond_window=true to study reads beyond it deliberately"
+LIBRARY_WAYS_OUT = ("store less, or pass Session(window=Window.of(model, allow=True)) to study reads beyond it "
+                    "deliberately")
 
 
 class WindowError(ValueError):
@@ -66,10 +68,10 @@ def positions(prefix: int, prompt: int, budget: int) -> int:
     return prefix + prompt + max(budget - 1, 0)
 
 
-def refusal(needed: int, window: int, model: str, what: str) -> str:
-    """The one line that refuses a read past the window."""
-    return (f"{what} takes {needed} positions, {needed - window} past model {model}'s trained window of {window}: "
-            f"{WAYS_OUT}")
+def refusal(needed: int, window: int, model: str | None, what: str, ways_out: str) -> str:
+    """The one line that refuses a read past the window (`model`: its name, if known)."""
+    whose = f"model {model}'s" if model else "the model's"
+    return f"{what} takes {needed} positions, {needed - window} past {whose} trained window of {window}: {ways_out}"
 
 
 class Window:
@@ -77,30 +79,47 @@ class Window:
 
     A read past it raises WindowError unless `allow` (then `beyond` keeps, for the record being read, how
     many positions past the window its longest read went: 0 inside): at once where its position ids are on the
-    host, at the record's `take` where they are on an accelerator (so no forward waits for the device)."""
+    host, at the question's end (`settle`) or the record's `take` where they are on an accelerator (so no
+    forward waits for the device)."""
 
-    def __init__(self, limit: int | None, allow: bool = False, model: str = "the model"):
-        self.limit, self.allow, self.model = limit, allow, model
+    def __init__(self, limit: int | None, allow: bool = False, model: str | None = None,
+                 ways_out: str = LIBRARY_WAYS_OUT):
+        self.limit, self.allow, self.model, self.ways_out = limit, allow, model, ways_out
         self.reserve = 0                # positions after a forward's own that its answer takes (see answering)
         self.decoding = False           # inside `answering`'s decoding: one-token steps it already counted
         self.beyond = 0
         self.pending: list[tuple] = []  # (last position id on an accelerator, answer positions after it, what)
+        self.watched = False            # inside `watching`
+
+    @classmethod
+    def of(cls, model, allow: bool = False) -> "Window":
+        """A loaded model's own trained window, named as its config names the model (a library session's
+        default: a read past it is refused unless `allow`)."""
+        return cls(trained_window(model.config), allow, getattr(model.config, "name_or_path", None) or None)
+
+    def past(self, needed: int) -> int:
+        """How many of a read's `needed` positions lie past the window (0 inside, or with no limit)."""
+        return 0 if self.limit is None else max(needed - self.limit, 0)
 
     def check(self, needed: int, what: str = "a read") -> None:
         """Count a read of `needed` positions: refused past the window unless allowed."""
-        past = 0 if self.limit is None else needed - self.limit
-        if past > 0 and not self.allow:
-            raise WindowError(refusal(needed, self.limit, self.model, what))
+        past = self.past(needed)
+        if past and not self.allow:
+            raise WindowError(refusal(needed, self.limit, self.model, what, self.ways_out))
         self.beyond = max(self.beyond, past)
 
-    def take(self) -> int:
-        """Positions past the window of the longest read since the last take (0 inside), for one record. Reads
-        whose position ids lay on an accelerator are checked here, all with one host read (none per forward)."""
+    def settle(self) -> None:
+        """Check the reads whose position ids lay on an accelerator, all with one host read (none per forward):
+        at the end of a question, whose answer is on the host by then, and at a record's take."""
         if self.pending:
             lasts = torch.stack([last for last, _, _ in self.pending]).tolist()
             pending, self.pending = self.pending, []
             for last, (_, reserve, what) in zip(lasts, pending):
                 self.check(positions(last + 1, 0, reserve + 1), what)
+
+    def take(self) -> int:
+        """Positions past the window of the longest read since the last take (0 inside), for one record."""
+        self.settle()
         beyond, self.beyond = self.beyond, 0
         return beyond
 
@@ -120,7 +139,11 @@ class Window:
 
     @contextmanager
     def watching(self, model):
-        """Check every forward of the model's decoder while inside (hook removed in `finally`)."""
+        """Check every forward of the model's decoder while inside (hook removed in `finally`); inside a watch
+        already (a session's store or question within a run's group), the outer one watches; with no limit, none."""
+        if self.watched or self.limit is None:          # nothing to count against
+            yield self
+            return
 
         def hook(module, args, kwargs):
             if self.decoding:                               # the answer's steps, counted with its prefill
@@ -140,10 +163,12 @@ class Window:
             self.check(positions(last, 0, self.reserve + 1), what)
 
         handle = model.get_decoder().register_forward_pre_hook(hook, with_kwargs=True)
+        self.watched = True
         try:
             yield self
         finally:
             handle.remove()
+            self.watched = False
 
 
 def window_summary(limit: int | None, allow: bool, records: list[dict]) -> dict:

@@ -142,6 +142,8 @@ CASES = [
     (["model.device_map=bogus"], "model.device_map='bogus' is not allowed: use null, one of ['auto', 'balanced'"),
     (["model.device_map=meta"], "model.device_map='meta' is not allowed"),
     (["model.device_map=disk"], "model.device_map='disk' is not allowed"),
+    (["model.gguf_file=other.gguf"], "model.gguf_file='other.gguf': model.source='smollm2' names its GGUF file "
+                                     "already"),
     (["model.source=/etc/hostname"], "model.source='/etc/hostname' cannot be loaded: it is a file, not a model folder"),
     (["model.source=relative/missing"], "model.source='relative/missing' cannot be loaded: it is neither a folder here "
      "nor in the Hugging Face cache, and the hub cannot be reached"),
@@ -428,6 +430,9 @@ COMMAND_CASES = {   # the other commands: argv -> what the one line says ({tmp}:
                                                          "--json {tmp}/ro/d.json: cannot be written"),
     "compare writing Markdown over a folder": (["memdefrag", "compare", "{tmp}/runs", "{tmp}/runs", "--markdown",
                                                 "{tmp}/ro"], "--markdown {tmp}/ro: is a folder"),
+    "migrate a folder holding no run": (["memdefrag", "migrate", "{tmp}/ro"],
+                                        "{tmp}/ro holds no run folder (a folder with predictions.jsonl): nothing to "
+                                        "migrate"),
     "collect into a read-only folder": (["memdefrag", "collect", "{tmp}/runs", "study", "--into", "{tmp}/ro"],
                                         "--into {tmp}/ro: cannot be written"),
     "collect into a file": (["memdefrag", "collect", "{tmp}/runs", "study", "--into", "{tmp}/f"],

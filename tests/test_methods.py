@@ -76,6 +76,14 @@ def test_a_session_refuses_a_tracer_layer_its_model_lacks_as_it_is_made(layer, l
         Session(llama, tokenizer, KVPrefixBackend(llama), MemDefrag(1, layer, "mean"), "shared_sink", "plain")
 
 
+@pytest.mark.parametrize("call, value", [("store", None), ("ask", None), ("store", b"bytes"), ("ask", ["a list"])])
+def test_a_session_given_no_text_says_so_in_one_line(call, value, llama, tokenizer):
+    session = Session(llama, tokenizer, KVPrefixBackend(llama), NoMemory(), "shared_sink", "plain", 4)
+    name = {"store": "text", "ask": "question"}[call]
+    with pytest.raises(TypeError, match=rf"^Session.{call}: {name} must be a str, not {type(value).__name__} "):
+        getattr(session, call)(value)
+
+
 def test_a_question_before_anything_is_stored_is_refused_unless_the_method_reads_no_memory(llama, tokenizer):
     for method in (MemDefrag(1, 1, "mean"), Vanilla(), TextMemory()):
         session = Session(llama, tokenizer, KVPrefixBackend(llama), method, "shared_sink", "plain", 4)

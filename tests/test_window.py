@@ -61,13 +61,15 @@ def fed_positions(model):
 
 
 def answered(model, tokenizer, backend, method, formation, window, budget=5):
-    """The answer of one question over FRAGMENTS, read under `window`, decoding the whole budget."""
-    session = Session(model, tokenizer, BACKENDS[backend](model), method, formation, "plain", budget, window=window)
+    """The answer of one question over FRAGMENTS (stored with no window), read under `window` (the session's
+    own: it watches its reads), decoding the whole budget."""
+    session = Session(model, tokenizer, BACKENDS[backend](model), method, formation, "plain", budget,
+                      window=Window(None))
     session.stop = set()
     for text in FRAGMENTS:
         session.store(text)
-    with window.watching(model):
-        return session.ask("where did the cat sit?")
+    session.window = window
+    return session.ask("where did the cat sit?")
 
 
 READS = [(family, backend, formation) for family in ("llama", "gemma2") for backend in BACKENDS
@@ -91,13 +93,34 @@ def test_a_read_takes_the_positions_it_is_given_and_past_the_window_is_refused_o
     inside = Window(used)
     answered(model, tokenizer, backend, method, formation, inside)
     assert inside.take() == 0
-    with pytest.raises(WindowError, match=f"a read with the answer's budget takes {used} positions, 1 past model "
-                                          f"the model's trained window of {used - 1}: lower model.memory_capacity, "
-                                          f"or set allow_beyond_window=true"):
+    with pytest.raises(WindowError, match=re.escape(f"a read with the answer's budget takes {used} positions, 1 "
+                                                    f"past the model's trained window of {used - 1}: store less, or "
+                                                    f"pass Session(window=Window.of(model, allow=True))")):
         answered(model, tokenizer, backend, method, formation, Window(used - 1))
     allowed = Window(used - 7, allow=True)
     answered(model, tokenizer, backend, method, formation, allowed)
     assert allowed.take() == 7 and allowed.take() == 0
+
+
+def test_a_session_given_no_window_counts_its_reads_against_its_model_s_own(tokenizer):
+    """A library user's session, no window given: a read past the model's trained window is refused in one
+    line naming the model and the way to allow it; allowed (Window.of), it is read and counted."""
+    model = tiny_model("llama")
+    seen, handle = fed_positions(model)
+    answered(model, tokenizer, "fast", Vanilla(), "shared_sink", Window(None))
+    handle.remove()
+    model.config.max_position_embeddings, model.config.name_or_path = max(seen) - 1, "tiny-llama"
+    session = Session(model, tokenizer, KVPrefixBackend(model), Vanilla(), "shared_sink", "plain", 5)
+    session.stop = set()
+    for text in FRAGMENTS:
+        session.store(text)
+    with pytest.raises(WindowError, match=re.escape(f"takes {max(seen)} positions, 1 past model tiny-llama's "
+                                                    f"trained window of {max(seen) - 1}: store less, or pass "
+                                                    f"Session(window=Window.of(model, allow=True))")):
+        session.ask("where did the cat sit?")
+    session.window = Window.of(model, allow=True)
+    session.ask("where did the cat sit?")
+    assert session.window.take() == 1
 
 
 def test_a_parallel_read_takes_the_longest_fragment_s_positions_not_the_memory_s(llama, tokenizer):

@@ -59,6 +59,7 @@ from methods.peers.epic import EPIC
 from methods.generation import Decode, clock, default_decode
 from methods.prompting import format_prompt
 from methods.session import Answer, Session
+from methods.window import Window, positions
 
 
 METHODS = ("none", "vanilla", "memdefrag")
@@ -126,13 +127,14 @@ class PeakMemory:
 
 def sessions_of(model, tokenizer, methods: dict, backends: dict, new_tokens: int, decode: str | None = None) -> dict:
     """A session per (method, backend that can read its memory), no memory on the fast backend only; no session
-    stops at an end-of-turn id, so that every method decodes `new_tokens`."""
+    stops at an end-of-turn id, so that every method decodes `new_tokens`; a read past the model's trained window
+    is timed, and counted (timed's past_window), not refused."""
     sessions = {}
     for method_name, method in methods.items():
         for backend_name, backend in backends.items():
             if backend_name in method.backends and (method_name != "none" or backend_name == "fast"):
                 session = Session(model, tokenizer, backend(model), method, "shared_sink", "chat", new_tokens,
-                                  decode=decode)
+                                  window=Window.of(model, allow=True), decode=decode)
                 session.stop = set()
                 sessions[method_name, backend_name] = session
     return sessions
@@ -154,11 +156,17 @@ def timed(sessions: dict, memory: LatentMemory, stand_ins: list[Fragment], quest
     reused); then the other questions over the memory, each right away again for `short_budget` tokens where
     given (see timings).
     Questions go round the sessions, so a burst of load on a shared host falls on one question of several
-    methods, not on every question of one, and each method's best drops it."""
+    methods, not on every question of one, and each method's best drops it. past_window: how many positions
+    past the model's trained window the session's longest read went (0 inside)."""
+
+    past = dict.fromkeys(sessions, 0)
 
     def ask(question: str, fragments: list[Fragment], budget: int | None = None) -> dict:
-        return {key: meter.ask(key, over(session, memory.sink, fragments), question, budget)
-                for key, session in sessions.items()}
+        answers = {}
+        for key, session in sessions.items():
+            answers[key] = meter.ask(key, over(session, memory.sink, fragments), question, budget)
+            past[key] = max(past[key], session.window.take())
+        return answers
 
     *earlier, last = memory.fragments
     updates = [*stand_ins, last]
@@ -170,7 +178,7 @@ def timed(sessions: dict, memory: LatentMemory, stand_ins: list[Fragment], quest
         if short_budget is not None:
             short.append(ask(question, memory.fragments, short_budget))
     return {key: {**timings([answers[key] for answers in rounds], len(updates), [answers[key] for answers in short]),
-                  "peak_gb": meter.gb(key)} for key in sessions}
+                  "peak_gb": meter.gb(key), "past_window": past[key]} for key in sessions}
 
 
 @dataclass(frozen=True)
@@ -386,13 +394,15 @@ def main(argv: list[str] | None = None) -> None:
                             short_budget(args.new_tokens))
         anchor_ids = torch.cat([memory.text_ids(), format_prompt(tokenizer, questions[-1], "chat")])
         anchor = static_generate_ms(model, anchor_ids, args.new_tokens, args.repeats)
+        anchor_past = Window.of(model).past(positions(len(anchor_ids), 0, args.new_tokens))
         for (method_name, backend_name), timing in per_session.items():
             floors = hardware.floors(model, timing["prompt_tokens"], timing["recomputed"])
             floor = floors["floor_ms_per_token"]
             rows.append({"n": n, "memory_tokens": memory.n_tokens, "method": method_name, "backend": backend_name,
                          **timing, **floors, "per_token_vs_floor": timing["per_token_ms"] / floor,
                          "steady_vs_floor": ratio(timing["steady_per_token_ms"], floor),
-                         "static_generate_ms": anchor, "per_token_vs_static_generate": timing["per_token_ms"] / anchor,
+                         "static_generate_ms": anchor, "static_generate_past_window": anchor_past,
+                         "per_token_vs_static_generate": timing["per_token_ms"] / anchor,
                          "steady_vs_static_generate": ratio(timing["steady_per_token_ms"], anchor),
                          "ttft_vs_floor": timing["ttft_s"] / floors["floor_ttft_s"]})
         print(pd.DataFrame(rows).drop(columns="output").tail(len(sessions)).to_string(index=False),
@@ -422,7 +432,9 @@ def tabled(args: argparse.Namespace, model, hardware: Hardware, rows: list[dict]
              f"2 FLOPs per parameter per token run before the first at the matmul rate measured here "
              f"({hardware.flops / 1e12:.3g} TFLOP/s); the anchor: transformers' generate(cache_implementation="
              f"'static') per token over the fragments' text and the question ({'compiled, a CUDA graph' if model.device.type == 'cuda' else 'not compiled off a GPU'}), best of {args.repeats}; "
-             f"decode={args.decode or default_decode(model.device)}{compiled}")
+             f"decode={args.decode or default_decode(model.device)}{compiled}; the model's trained window: "
+             f"{Window.of(model).limit or 'none declared'} positions (past_window: how far past it a row's longest "
+             f"read went, 0 inside; reads past it are timed like any other, their answers not scored)")
     text = table.astype(object).where(table.notna(), "").to_markdown(index=False, floatfmt=".3g")
     if args.out:
         write(args.out, where, text)

@@ -167,6 +167,10 @@ def content_key(path: Path) -> str:
 
 def _gguf_of(spec: ModelSpec) -> Path | None:
     """The GGUF file a spec names (an embedded model's, or a .gguf path), or None."""
+    names_its_file = spec.source in EMBEDDED or spec.source.endswith(".gguf")
+    if spec.gguf_file and names_its_file:
+        raise ConfigError(f"model.gguf_file={spec.gguf_file!r}: model.source={spec.source!r} names its GGUF file "
+                          f"already; gguf_file picks one in a folder or hub id (or leave it null)")
     if spec.source in EMBEDDED:
         return EMBEDDED[spec.source]()
     if spec.source.endswith(".gguf"):

@@ -36,7 +36,7 @@ from methods.generation import default_decode
 from methods.prompting import format_prompt
 from methods.session import Session
 from methods.tokens import token_count
-from methods.window import Window, WindowError, check_capacity, trained_window, window_summary
+from methods.window import WAYS_OUT, Window, WindowError, check_capacity, trained_window, window_summary
 
 log = logging.getLogger(__name__)
 BACKENDS = {"fast": KVPrefixBackend, "hidden_prefix": HiddenPrefixBackend}
@@ -219,7 +219,7 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
     label = cfg.method.label
     formed = formed_fragments(spec) if cfg.reuse_formed else Unkept()    # a timed study: each group forms its own
     compressed: list[dict] = []
-    window = Window(trained_window(model.config), cfg.allow_beyond_window, spec.name)
+    window = Window(trained_window(model.config), cfg.allow_beyond_window, spec.name, WAYS_OUT)
     if folder.done:
         log.info("resuming %s: %d of %d groups already finished", run_dir, len(folder.done), len(groups))
     if folder.rerun:
