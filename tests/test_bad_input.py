@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
-from tests.conftest import refusal, refused
+from tests.conftest import refusal, refused, save_tiny_checkpoint
 
 NQA_MISSING = "task.dataset=nqa"
 CASES = [
@@ -491,6 +491,27 @@ def test_a_checkpoint_that_ships_code_is_refused_unless_trusted(tmp_path, monkey
     line = refused(["model=hf", f"model.source={folder}", "method=vanilla", "logger=none",
                     f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch, capsys)
     assert f"model.source='{folder}' runs code of its own: set model.trust_remote_code=true" in line
+
+
+@pytest.mark.parametrize("damage, said", [("cut", "model.safetensors, {cut:,} bytes where its header's tensors take"),
+                                          ("garbage", "model.safetensors, which is not a readable safetensors file"),
+                                          ("shard", "model.safetensors.index.json, which names shards the folder "
+                                                    "lacks: model-00002-of-00002.safetensors")])
+def test_a_checkpoint_with_a_damaged_weights_file_is_refused_before_weights_load(damage, said, tmp_path, monkeypatch,
+                                                                                capsys, no_work):
+    folder = Path(save_tiny_checkpoint(tmp_path / "ckpt"))
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    if damage == "shard":              # an index naming a second shard the copy left out
+        index = {"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors",
+                                "model.norm.weight": "model.safetensors"}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    else:
+        weights.write_bytes(data[: len(data) // 2] if damage == "cut" else b"not safetensors at all")
+    capsys.readouterr()                                            # the save's progress bars
+    line = refused(["model=hf", f"model.source={folder}", "logger=none", f"hydra.run.dir={tmp_path / 'run'}"],
+                   monkeypatch, capsys)
+    assert f"model.source='{folder}' cannot be loaded: it holds {said.format(cut=len(data) // 2)}" in line
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
