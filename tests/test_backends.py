@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from methods.attention.decoder import layers as layers_of
+from methods.attention.decoder import DecoderError, attentions, layers as layers_of
 from methods.formation import Former
 from methods.generation import greedy
 from methods.backends.hidden_prefix import HiddenPrefixBackend
@@ -12,7 +12,7 @@ from methods.base import Reading
 from methods.memory import LatentMemory
 from methods.prompting import prompt_header
 from methods.attention.tracing import densities, prompt_attention
-from tests.conftest import FRAGMENTS
+from tests.conftest import FRAGMENTS, tiny_model
 
 VIEWS = {"vanilla": None, "reordered_top2": [4, 0], "reordered_all": [2, 1, 0, 4, 3]}
 
@@ -204,6 +204,21 @@ def test_tracing_stops_at_the_traced_layer(llama, tokenizer):
     assert ran == [0, 1] and sorted(rows) == [0, 1]                   # all layers from one forward
     assert rows[1].shape == (3, 1 + memory.n_tokens + 3)
     torch.testing.assert_close(rows[1].sum(-1), torch.ones(3))
+
+
+def test_a_family_whose_inline_attention_returns_no_weights_is_one_decoder_error(tokenizer):
+    """Falcon computes attention inline and returns its weights under eager attention; one that returned none
+    (another such family, or another transformers) cannot be traced: one line naming it, not a TypeError."""
+    falcon = tiny_model("falcon")
+    memory = formed(falcon, tokenizer, "shared_sink")
+    handles = [attention.register_forward_hook(lambda m, a, output: (output[0], None)) for attention in
+               attentions(falcon)]
+    try:
+        with pytest.raises(DecoderError, match="model type 'falcon': layer 1's attention returned no weights"):
+            KVPrefixBackend(falcon).attention_rows(memory, torch.tensor([5, 6, 7]), [1])
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def test_traced_layers_pass_on_the_models_own_attention_output(family_model, tokenizer):

@@ -116,7 +116,11 @@ def returned_weights(model, layers: list[int], prompt_len: int):
 
     def make_hook(index):
         def hook(module, args, output):
-            rows[index] = output[1][0, :, -prompt_len:].float().mean(dim=0)
+            weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            if not torch.is_tensor(weights):
+                raise DecoderError(f"model type {model.config.model_type!r}: layer {index}'s attention returned no "
+                                   f"weights under eager attention, so its rows cannot be traced")
+            rows[index] = weights[0, :, -prompt_len:].float().mean(dim=0)
             if index == last:
                 raise StopForward
         return hook
