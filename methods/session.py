@@ -144,10 +144,11 @@ class Session:
     @torch.no_grad()
     def trace(self, view: LatentMemory, prompt_ids: torch.Tensor, layers: list[int]) -> dict[int, torch.Tensor]:
         """Prompt attention rows of `layers` from one forward, over `view` as this method holds it:
-        a latent prefix (the backend's), or the same fragments as plain tokens."""
-        if self.method.needs_latent:
-            return self.backend.attention_rows(view, prompt_ids, layers)
-        return self.text.attention_rows(view.text_ids(), prompt_ids, layers)
+        a latent prefix (the backend's), or the same fragments as plain tokens; a read the window counts."""
+        with self.window.watching(self.model):
+            if self.method.needs_latent:
+                return self.backend.attention_rows(view, prompt_ids, layers)
+            return self.text.attention_rows(view.text_ids(), prompt_ids, layers)
 
     def shuffle(self, generator: torch.Generator) -> None:
         self.memory.reorder(torch.randperm(len(self.memory), generator=generator).tolist())

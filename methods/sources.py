@@ -69,37 +69,44 @@ def without_weights(source: str) -> str | None:
         return "is a folder without config.json"
     if not any(any(folder.glob(pattern)) for pattern in WEIGHTS):
         return f"is a folder without weights ({', '.join(WEIGHTS)})"
-    return next(filter(None, [*map(missing_shards, sorted(folder.glob("*.index.json"))),
-                              *map(damaged_safetensors, sorted(folder.glob("*.safetensors")))]), None)
+    safetensors = sorted(folder.glob("*.safetensors"))
+    indexes = sorted(folder.glob("*.safetensors.index.json")) or \
+        ([] if safetensors else sorted(folder.glob("*.index.json")))      # the index transformers would read
+    return next(filter(None, [*map(missing_shards, indexes), *map(damaged_safetensors, safetensors)]), None)
+
+
+UNREADABLE = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError)
 
 
 def missing_shards(index: Path) -> str | None:
     """Why a sharded checkpoint's index cannot load (unreadable, or naming shard files its folder lacks), as the
     rest of a sentence naming its folder; None for one whose every shard is there."""
     try:
-        shards = set(json.loads(index.read_text())["weight_map"].values())
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return f"holds {index.name}, which is not a readable index of weight shards (no weight_map)"
-    missing = sorted(name for name in shards if not (index.parent / name).is_file())
+        missing = sorted(name for name in set(json.loads(index.read_text())["weight_map"].values())
+                         if not (index.parent / name).is_file())
+    except UNREADABLE:
+        return f"holds {index.name}, which cannot be read as an index of weight shards (a weight_map of file names)"
     return f"holds {index.name}, which names shards the folder lacks: {', '.join(missing)}" if missing else None
 
 
 def damaged_safetensors(path: Path) -> str | None:
     """Why a .safetensors file cannot load, read from its header alone (a copy cut short, a file of another
-    kind), as the rest of a sentence naming its folder; None for one whose header's tensors end where it ends."""
-    size = path.stat().st_size
+    kind, a link to nothing), as the rest of a sentence naming its folder; None for one whose header's tensors
+    end where it ends."""
     try:
+        size = path.stat().st_size
         with path.open("rb") as handle:
             length = int.from_bytes(handle.read(8), "little")
             if not 0 < length <= size - 8:
                 raise ValueError
             header = json.loads(handle.read(length))
-        end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"), default=0)
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return f"holds {path.name}, which is not a readable safetensors file (its header cannot be read)"
-    if 8 + length + end != size:
-        return (f"holds {path.name}, {size:,} bytes where its header's tensors take {8 + length + end:,}: "
-                f"{'cut short (an interrupted copy or download?)' if size < 8 + length + end else 'damaged'}")
+        needed = 8 + length + max((int(entry["data_offsets"][1]) for name, entry in header.items()
+                                   if name != "__metadata__"), default=0)
+    except UNREADABLE:
+        return f"holds {path.name}, which cannot be read as a safetensors file (its header, or the file itself)"
+    if needed != size:
+        return (f"holds {path.name}, {size:,} bytes where its header's tensors take {needed:,}: "
+                f"{'cut short (an interrupted copy or download?)' if size < needed else 'damaged'}")
     return None
 
 

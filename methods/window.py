@@ -31,8 +31,9 @@ BEYOND_MARK = "(past window)"                 # a table's mark on a run that rea
 BEYOND_CELL = "†"                             # a cell's: an answer it counts read past it (a record's beyond_window)
 HOST = torch.device("cpu")                    # position ids here are read at once; an accelerator's wait for take
 WAYS_OUT = "lower model.memory_capacity, or set allow_beyond_window=true to study reads beyond it deliberately"
-LIBRARY_WAYS_OUT = ("store less, or pass Session(window=Window.of(model, allow=True)) to study reads beyond it "
-                    "deliberately")
+LIBRARY_WAYS_OUT = ("store less or ask for fewer tokens, or pass Session(window=Window.of(model, allow=True)) to read "
+                    "past it deliberately (a model whose own memory outgrows its window by design, MemoryLLM's, "
+                    "needs that)")
 
 
 class WindowError(ValueError):

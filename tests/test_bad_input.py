@@ -10,6 +10,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
+from methods.sources import without_weights
 from tests.conftest import refusal, refused, save_tiny_checkpoint
 
 NQA_MISSING = "task.dataset=nqa"
@@ -378,7 +379,9 @@ def test_a_bad_environment_variable_is_named_in_one_line(case, tmp_path, monkeyp
 
 
 COMMAND_CASES = {   # the other commands: argv -> what the one line says ({tmp}: a fresh folder)
-    "report of a folder without runs": (["memdefrag", "report", "{tmp}"], "holds no run"),
+    "report of a folder without runs": (["memdefrag", "report", "{tmp}"], "holds no run with an answer (a folder with "
+                                                                          "config.yaml and a record in predictions."
+                                                                          "jsonl): nothing to report"),
     "report of no folder": (["memdefrag", "report", "{tmp}/nowhere"], "no such folder"),
     "report of two folders": (["memdefrag", "report", "{tmp}", "{tmp}"], "unrecognized arguments"),
     "merge of a folder without shards": (["memdefrag", "merge", "{tmp}"], "holds no sharded runs"),
@@ -494,9 +497,11 @@ def test_a_checkpoint_that_ships_code_is_refused_unless_trusted(tmp_path, monkey
 
 
 @pytest.mark.parametrize("damage, said", [("cut", "model.safetensors, {cut:,} bytes where its header's tensors take"),
-                                          ("garbage", "model.safetensors, which is not a readable safetensors file"),
+                                          ("garbage", "model.safetensors, which cannot be read as a safetensors file"),
                                           ("shard", "model.safetensors.index.json, which names shards the folder "
-                                                    "lacks: model-00002-of-00002.safetensors")])
+                                                    "lacks: model-00002-of-00002.safetensors"),
+                                          ("dangling", "model.safetensors, which cannot be read as a safetensors "
+                                                       "file")])
 def test_a_checkpoint_with_a_damaged_weights_file_is_refused_before_weights_load(damage, said, tmp_path, monkeypatch,
                                                                                 capsys, no_work):
     folder = Path(save_tiny_checkpoint(tmp_path / "ckpt"))
@@ -506,12 +511,23 @@ def test_a_checkpoint_with_a_damaged_weights_file_is_refused_before_weights_load
         index = {"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors",
                                 "model.norm.weight": "model.safetensors"}}
         (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    elif damage == "dangling":         # a snapshot copied without the blob its link points at
+        weights.unlink()
+        weights.symlink_to(tmp_path / "blobs" / "gone")
     else:
         weights.write_bytes(data[: len(data) // 2] if damage == "cut" else b"not safetensors at all")
     capsys.readouterr()                                            # the save's progress bars
     line = refused(["model=hf", f"model.source={folder}", "logger=none", f"hydra.run.dir={tmp_path / 'run'}"],
                    monkeypatch, capsys)
     assert f"model.source='{folder}' cannot be loaded: it holds {said.format(cut=len(data) // 2)}" in line
+
+
+def test_a_checkpoint_with_safetensors_beside_another_format_s_partial_index_is_not_refused(tmp_path):
+    """A download of a repo shipping both formats, taken as safetensors only, keeps the .bin index naming
+    shards it left out: transformers reads the safetensors, so the folder is whole."""
+    folder = Path(save_tiny_checkpoint(tmp_path / "ckpt"))
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {"a": "pytorch_model-1.bin"}}))
+    assert without_weights(str(folder)) is None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")

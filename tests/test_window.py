@@ -94,8 +94,9 @@ def test_a_read_takes_the_positions_it_is_given_and_past_the_window_is_refused_o
     answered(model, tokenizer, backend, method, formation, inside)
     assert inside.take() == 0
     with pytest.raises(WindowError, match=re.escape(f"a read with the answer's budget takes {used} positions, 1 "
-                                                    f"past the model's trained window of {used - 1}: store less, or "
-                                                    f"pass Session(window=Window.of(model, allow=True))")):
+                                                    f"past the model's trained window of {used - 1}: store less or ask "
+                                                    f"for fewer tokens, or pass Session(window=Window.of(model, "
+                                                    f"allow=True))")):
         answered(model, tokenizer, backend, method, formation, Window(used - 1))
     allowed = Window(used - 7, allow=True)
     answered(model, tokenizer, backend, method, formation, allowed)
@@ -115,8 +116,9 @@ def test_a_session_given_no_window_counts_its_reads_against_its_model_s_own(toke
     for text in FRAGMENTS:
         session.store(text)
     with pytest.raises(WindowError, match=re.escape(f"takes {max(seen)} positions, 1 past model tiny-llama's "
-                                                    f"trained window of {max(seen) - 1}: store less, or pass "
-                                                    f"Session(window=Window.of(model, allow=True))")):
+                                                    f"trained window of {max(seen) - 1}: store less or ask for "
+                                                    f"fewer tokens, or pass Session(window=Window.of(model, "
+                                                    f"allow=True))")):
         session.ask("where did the cat sit?")
     session.window = Window.of(model, allow=True)
     session.ask("where did the cat sit?")

@@ -121,8 +121,6 @@ def migrate_all(root: Path) -> dict[Path, list[str]]:
     (`renamed from OLD` where it was renamed, then the files rewritten)."""
     if not root.is_dir():
         raise ConfigError(f"{root}: no such folder (give the folder that holds the result folders)")
-    if not run_folders(root):
-        raise ConfigError(f"{root} holds no run folder (a folder with predictions.jsonl): nothing to migrate")
     was = {new: old for old, new in rename_all(root).items()}
     changes = {folder: ([f"renamed from {was[folder].name}"] if folder in was else []) + migrate(folder)
                for folder in run_folders(root)}
@@ -133,6 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = OneLineParser(prog="memdefrag migrate", description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="?", default="results")
     root = Path(parser.parse_args(argv).results)
+    if root.is_dir() and not run_folders(root):
+        raise ConfigError(f"{root} holds no run folder (a folder with predictions.jsonl): nothing to migrate")
     changed = migrate_all(root)
     for folder, files in changed.items():
         print(f"migrated: {folder} ({', '.join(files)})")
