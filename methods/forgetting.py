@@ -134,3 +134,19 @@ class RandomLayerwise(Forgetting):
                              "text memory has one sequence of tokens")
         draws = [torch.randperm(len(fragment), generator=self.generator)[quota:] for _ in range(layers)]
         return torch.stack(draws).sort(dim=1).values
+
+
+def pairing_refusal(method, forgetting, method_name: str, forgetting_name: str) -> str | None:
+    """Why `forgetting` cannot serve `method` (None where it can), naming them as given: the runner's and a
+    library session's one check."""
+    if method.keeps_own_memory and forgetting.capacity is not None:
+        return (f"{forgetting_name}: {method_name} keeps a memory of its own that forgets by its own rule; "
+                f"use forgetting=none")
+    if forgetting.layerwise and not method.needs_latent:
+        return (f"{forgetting_name} drops different tokens at every layer; {method_name} has no layers (use a "
+                f"latent method or forgetting=random)")
+    if forgetting.layerwise and method.recomputes:
+        return (f"{forgetting_name} drops different tokens at every layer; {method_name} recomputes memory "
+                f"tokens from their ids, which must be the same at every layer (use forgetting=random or "
+                f"informativeness)")
+    return None

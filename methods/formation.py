@@ -143,6 +143,34 @@ class Former:
         return (f"Former({self.formation}, kv={self.keep_kv}, states={self.keep_states}, "
                 f"self_info={self.keep_self_info}, on={self.memory_on})")
 
+    @property
+    def stamp(self) -> str:
+        """What the memories this former forms are formed by (LatentMemory.formed_by): the model (its type, name,
+        layers, width and dtype) and the formation, with the header a shared prefix forms behind."""
+        config = self.model.config.get_text_config()
+        name = getattr(self.model.config, "name_or_path", "") or "(unnamed)"
+        behind = f" behind a header of {len(self.header)} ids" if self.header else ""
+        return (f"model {config.model_type} {name} ({config.num_hidden_layers} layers, hidden "
+                f"{getattr(config, 'hidden_size', '?')}, {str(self.model.dtype).removeprefix('torch.')}), "
+                f"formation {self.formation}{behind}")
+
+    def adopt(self, memory: LatentMemory) -> None:
+        """Take a memory formed elsewhere (a session's memory assigned, or loaded): refused (ValueError, naming
+        both) where it was formed by another model or formation, or lacks what this former keeps for its
+        backend and forgetting; then what this former forms next is numbered after its fragments."""
+        if memory.formed_by is not None and memory.formed_by != self.stamp:
+            raise ValueError(f"this memory was formed by {memory.formed_by}; this session forms by {self.stamp}")
+        for name, kept in (("keys", self.keep_kv), ("states", self.keep_states)):
+            if kept and memory.sink is not None and getattr(memory.sink, name) is None:
+                raise ValueError(f"this memory was formed without '{name}', which this session's backend reads: "
+                                 f"form it with this backend")
+        if self.keep_self_info:
+            blind = next((f.fid for f in memory.fragments if bool(torch.isinf(f.self_info).all())), None)
+            if blind is not None:
+                raise ValueError(f"fragment {blind} of this memory has no self-information (formed with no "
+                                 f"forgetting that reads it), which this session's forgetting ranks tokens by")
+        self._next_id = max([self._next_id, *(f.fid + 1 for f in memory.fragments)])
+
     def token_ids(self, text: str, first: bool, kept: list[int] | None = None) -> torch.Tensor:
         """The ids prefilled for `text` (or for the ids `kept` of it by a compressor): a leading sink
         position where the formation has one."""
@@ -190,7 +218,7 @@ class Former:
         whole = self.form(self.token_ids(text, first, kept), text, reuse)
         sink = torch.arange(len(self.sink_ids()) if self.formation != "reference" else 1, device="cpu")
         if first:
-            memory.sink = whole.take(sink)
+            memory.sink, memory.formed_by = whole.take(sink), self.stamp
         if self.formation in ("shared_sink", "shared_prefix") or (first and self.formation == "reference"):
             whole = whole.take(torch.arange(len(sink), len(whole), device="cpu"))   # its sink positions are not kept
         if len(whole) == 0:

@@ -110,10 +110,13 @@ def parts(t: torch.Tensor | Layered) -> tuple[torch.Tensor, ...]:
 
 @dataclass
 class LatentMemory:
-    """Fragments in their current order behind one sink (a fragment of one token, or of a shared prefix)."""
+    """Fragments in their current order behind one sink (a fragment of one token, or of a shared prefix).
+    formed_by: the model and formation its fragments were formed with (Former.stamp; None where unknown), which a
+    session reading it checks against its own."""
 
     sink: Fragment | None = None
     fragments: list[Fragment] = field(default_factory=list)
+    formed_by: str | None = None
 
     def __len__(self) -> int:
         return len(self.fragments)
@@ -155,7 +158,7 @@ class LatentMemory:
         """A view with fragments at indices `order` (earliest first); a subset filters."""
         if len(set(order)) != len(order) or any(not 0 <= i < len(self) for i in order):
             raise ValueError(f"order {order} is not a selection of distinct indices in [0, {len(self)})")
-        return LatentMemory(self.sink, [self.fragments[i] for i in order])
+        return LatentMemory(self.sink, [self.fragments[i] for i in order], self.formed_by)
 
     def reorder(self, order: list[int]) -> None:
         """Rearrange in place; `order` must be a permutation of range(len(self))."""
@@ -171,6 +174,9 @@ class LatentMemory:
         """The memory as plain tokens, sink then fragments in order (None when empty): what text
         memory places before the prompt, with no positional distortion."""
         parts = [f.token_ids for f in [self.sink, *self.fragments] if f is not None]
+        if any(p.dim() != 1 for p in parts):
+            raise ValueError("this memory's layers keep different tokens (forgotten per layer): it has no one "
+                             "text to read; read it with a latent method")
         return torch.cat(parts) if parts else None
 
     def stacked(self, name: str, dim: int) -> torch.Tensor:
@@ -186,7 +192,7 @@ class LatentMemory:
         partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
         try:
             torch.save({"format": FILE_FORMAT, "version": FILE_VERSION, "sink": _as_dict(self.sink),
-                        "fragments": [_as_dict(f) for f in self.fragments]}, partial)
+                        "fragments": [_as_dict(f) for f in self.fragments], "formed_by": self.formed_by}, partial)
             os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)
@@ -244,8 +250,11 @@ def _validated(data) -> LatentMemory:
         raise ValueError("it has no sink (position 0); a saved memory always has one")
     if not isinstance(data.get("fragments"), list):
         raise ValueError("'fragments' is not a list")
+    formed_by = data.get("formed_by")              # absent in files saved before it was recorded
+    if formed_by is not None and not isinstance(formed_by, str):
+        raise ValueError(f"'formed_by' is {type(formed_by).__name__}, not a string")
     memory = LatentMemory(_fragment(data["sink"], "sink"),
-                          [_fragment(d, f"fragment {i}") for i, d in enumerate(data["fragments"])])
+                          [_fragment(d, f"fragment {i}") for i, d in enumerate(data["fragments"])], formed_by)
     _consistent([memory.sink, *memory.fragments])
     return memory
 

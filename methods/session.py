@@ -11,16 +11,17 @@ from dataclasses import dataclass, field
 import torch
 
 from methods.attention.decoder import num_layers
+from methods.attention.positions import RotaryError
 from methods.attention.grouped import grouped_attention
 from methods.base import Method, Question, taken
 from methods.compression.compressor import Compression, NoCompression
-from methods.forgetting import Forgetting, NoForgetting
+from methods.forgetting import Forgetting, NoForgetting, pairing_refusal
 from methods.formation import Former, default_formation_batch, formation_header
-from methods.errors import one_of
+from methods.errors import one_of, whole_number
 from methods.generation import Decode, clock, default_decode, greedy, stop_ids
 from methods.memory import LatentMemory
 from methods.phase_peaks import PeakWatch
-from methods.prompting import format_prompt, read_prompt
+from methods.prompting import format_prompt, prompt_template, read_prompt
 from methods.backends.text_prefix import TextPrefix
 from methods.window import Window
 
@@ -53,10 +54,14 @@ class Answer:
         return {"peak_mb": self.peak_mb} if self.peak_mb else {}
 
 
-def text_given(call: str, name: str, value) -> None:
-    """A library call's text argument is a string: anything else is one TypeError naming it, before any forward."""
-    if not isinstance(value, str):
-        raise TypeError(f"Session.{call}: {name} must be a str, not {type(value).__name__} ({value!r:.60})")
+def given(name: str, value, kind: type | tuple[type, ...]) -> None:
+    """A library argument is an instance of `kind` (a class itself is not one): anything else is one TypeError
+    naming it, before any forward."""
+    if not isinstance(value, kind):
+        kinds = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        got = f"the class {value.__name__} itself (make one: {value.__name__}(...))" if isinstance(value, type) \
+            else f"{type(value).__name__} ({value!r:.60})"
+        raise TypeError(f"{name} must be a {kinds}, not {got}")
 
 
 class Session:
@@ -71,8 +76,7 @@ class Session:
         formation_batch: how many fragments a forward forms (methods/formation.py: solo, batched; None: the
         device's default)."""
         self.model, self.tokenizer, self.backend, self.method = model, tokenizer, backend, method
-        method.check_model(model.config)                  # what the runner's preflight checks, for a library user
-        method.check(num_layers(model.config))
+        self._check_parts(forgetting, compressor, window, prompt, max_new_tokens)
         method.with_tokenizer(tokenizer)
         self.window = window or Window.of(model)
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
@@ -82,7 +86,7 @@ class Session:
         self.compressed: list[dict] = []    # per stored fragment under compression: tokens before and after
         if method.keeps_own_memory:         # the model's own memory: it writes and admits
             writer = method.writer(model, tokenizer)
-            self.memory, self.former, self.forgetting = writer.memory, writer, writer
+            self._memory, self.former, self.forgetting = writer.memory, writer, writer
         else:
             self.forgetting = forgetting or NoForgetting()
             latent = method.needs_latent
@@ -91,11 +95,49 @@ class Session:
                                  keep_states=latent and backend.keep_states, reuse=reuse,
                                  keep_self_info=self.forgetting.needs_self_info, memory_on=memory_on,
                                  header=header, batch=formation_batch or default_formation_batch(model.device))
-            self.memory = LatentMemory()
+            self._memory = LatentMemory()
         self.update_seconds: dict[str, float] = {}     # the last store's formation and forgetting
         self.stored_peak_mb: dict[str, dict[str, float]] = {}  # the stores' since the last question (Answer.peak_mb)
         self.text = TextPrefix(model)                   # plain-token memory (text, none)
         self.stop = stop_ids(model, tokenizer)          # ids that end an answer (empty: always the full budget)
+
+    def _check_parts(self, forgetting, compressor, window, prompt: str, max_new_tokens: int) -> None:
+        """What the runner's preflight checks, for a library user, as the session is made: each part an instance
+        of its kind, the backend built on this model and able to hold it, the method's layers, the forgetting
+        able to serve the method, the prompt style and the answer budget (one line each)."""
+        for name, value, kind in (("method", self.method, Method), ("forgetting", forgetting, (Forgetting,
+                                  NoForgetting, type(None))), ("compressor", compressor, (Compression, type(None))),
+                                  ("window", window, (Window, type(None)))):
+            given(f"Session: {name}", value, kind)
+        if getattr(self.backend, "model", None) is not self.model:
+            raise ValueError(f"Session: backend {self.backend!r:.80} is not built on this session's model: pass "
+                             f"KVPrefixBackend(model) or HiddenPrefixBackend(model), with the session's model")
+        try:
+            type(self.backend).check(self.model.config)
+        except RotaryError as err:
+            raise ValueError(f"{type(self.backend).__name__} {err}: use HiddenPrefixBackend (the paper's "
+                             f"formulation, slower) for this model") from None
+        self.method.check_model(self.model.config)
+        self.method.check(num_layers(self.model.config))
+        unpaired = pairing_refusal(self.method, forgetting or NoForgetting(), f"method {type(self.method).__name__}",
+                                   f"forgetting {type(forgetting).__name__}")
+        if unpaired:
+            raise ValueError(unpaired)
+        prompt_template(self.tokenizer, prompt)
+        whole_number("max_new_tokens", max_new_tokens)
+
+    @property
+    def memory(self) -> LatentMemory:
+        return self._memory
+
+    @memory.setter
+    def memory(self, memory: LatentMemory) -> None:
+        """A memory formed elsewhere (another session's, or loaded), checked as this session would have formed it
+        (Former.adopt); the fragments this session stores next are numbered after its."""
+        given("Session.memory", memory, type(self._memory))
+        if not self.method.keeps_own_memory:
+            self.former.adopt(memory)
+        self._memory = memory
 
     def expect(self, texts) -> None:
         """Announce the texts about to be stored, in order (see Former.expect: under formation_batch=batched they
@@ -107,9 +149,15 @@ class Session:
     def store(self, text: str, reuse: bool = False) -> int:
         """Form one fragment and admit it, forgetting to stay within capacity; returns its id.
         reuse: the text recurs (see Former.next_fragment)."""
-        text_given("store", "text", text)
+        given("Session.store: text", text, str)
+        first = self.memory.sink is None
         with self.window.watching(self.model):
-            return self._store(text, reuse)
+            try:
+                return self._store(text, reuse)
+            except Exception:
+                if first and not self.method.keeps_own_memory:     # a failed first store leaves no sink behind
+                    self.memory.sink = None
+                raise
 
     def _store(self, text: str, reuse: bool) -> int:
         self.backend.forget_trace()         # not held beside the forward that forms the fragment
@@ -135,6 +183,8 @@ class Session:
     def store_all(self, texts, reuse: bool = False) -> tuple[list[int], dict[str, float]]:
         """Store each text in order; their ids and the seconds per phase of storing them all, summed.
         reuse: the texts recur (see Former.next_fragment)."""
+        if isinstance(texts, str):
+            raise TypeError("Session.store_all: texts must be an iterable of str, not one str (store() stores one)")
         ids, seconds = [], Counter()
         for text in texts:
             ids.append(self.store(text, reuse))
@@ -165,7 +215,7 @@ class Session:
         """prompt, max_new_tokens: this question's own (a task's), instead of the session's; targets: the ids
         of the stored fragments that hold its answer, where the task knows them (an oracle reads them).
         A read past the window (the session's) raises WindowError, unless the window allows it."""
-        text_given("ask", "question", question)
+        given("Session.ask: question", question, str)
         with self.window.watching(self.model):
             answer = self._ask(question, prompt, max_new_tokens, targets)
             self.window.settle()
@@ -175,8 +225,9 @@ class Session:
         if self.method.reads_memory and not self.method.keeps_own_memory and self.memory.sink is None:
             raise ValueError(f"nothing is stored yet for {type(self.method).__name__} to read: store() a fragment "
                              f"first (a question with no memory is method none's)")
+        whole_number("max_new_tokens", max_new_tokens, or_null=True)
         prompt_ids = self.prompt_ids(question, prompt)
-        max_new_tokens = max_new_tokens or self.max_new_tokens
+        max_new_tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         device = self.model.device
         peaks = PeakWatch(device)
         t0 = clock(device)

@@ -28,7 +28,7 @@ from harness.results.folder import ResultFolder, flattened
 from harness.results.summary import phase_totals
 from methods.attention.decoder import num_layers
 from methods.compression.compressor import kept_count
-from methods.forgetting import CapacityError
+from methods.forgetting import CapacityError, pairing_refusal
 from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.formation import default_formation_batch, formation_header, sink_ids
@@ -135,16 +135,9 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
         raise ConfigError(f"{asked} must be smaller than the model's {positions} positions (model {spec.name}), "
                           f"which also hold the memory and the prompt")
     forgetting = build(cfg.forgetting, "forgetting")
-    if method.keeps_own_memory and forgetting.capacity is not None:
-        raise ConfigError(f"{named('forgetting')}: {named('method')} keeps a memory of its "
-                          f"own that forgets by its own rule; use forgetting=none")
-    if forgetting.layerwise and not method.needs_latent:
-        raise ConfigError(f"{named('forgetting')} drops different tokens at every layer; "
-                          f"{named('method')} has no layers (use a latent method or forgetting=random)")
-    if forgetting.layerwise and method.recomputes:
-        raise ConfigError(f"{named('forgetting')} drops different tokens at every layer; "
-                          f"{named('method')} recomputes memory tokens from their ids, which must be the same "
-                          f"at every layer (use forgetting=random or informativeness)")
+    unpaired = pairing_refusal(method, forgetting, named("method"), named("forgetting"))
+    if unpaired:
+        raise ConfigError(unpaired)
     compressor = build(cfg.compression, "compression")
     with refused("compression", f"{type(compressor).__name__}.check"):
         compressor.check()
