@@ -7,11 +7,11 @@ and `<name>/unrelated_contexts_from_train.json` (the authors' processed files);
 
 from __future__ import annotations
 
-import json
 from enum import StrEnum
 from pathlib import Path
 
 from evals import synthetic
+from evals.data_files import read_json, text_fault
 from evals.qa import QAItem, RetentionData
 from methods.errors import ConfigError, one_of
 
@@ -32,31 +32,28 @@ def load(name: str, data_dir: str | None, seed: int = 0) -> RetentionData:
     raw = _read_list(folder / TARGETS_FILE)
     targets = []
     for i, item in enumerate(raw):
-        if not isinstance(item, dict) or not all(isinstance(item.get(k), str) for k in ("context", "question", "answer")):
-            raise ConfigError(f"{folder / TARGETS_FILE}: item {i} is not an object with string "
-                              f"'context', 'question' and 'answer'")
-        blank = [k for k in ("context", "question", "answer") if not item[k].strip()]
-        if blank:                        # an empty answer is found in every output: accuracy 1.0, silently
-            raise ConfigError(f"{folder / TARGETS_FILE}: item {i} has an empty {' and '.join(map(repr, blank))}: "
-                              f"every item needs a non-empty context, question and answer")
+        if not isinstance(item, dict):
+            raise ConfigError(f"{folder / TARGETS_FILE}: item {i} is not an object with string 'context', "
+                              f"'question' and 'answer'")
+        for key in ("context", "question", "answer"):     # an empty answer is in every output: accuracy 1.0
+            fault = text_fault(item.get(key))
+            if fault:
+                raise ConfigError(f"{folder / TARGETS_FILE}: item {i} {key!r} {fault}: every item needs a "
+                                  f"non-empty string context, question and answer")
         targets.append(QAItem(item["context"], item["question"], item["answer"]))
     unrelated = _read_list(folder / UNRELATED_FILE)
-    if not all(isinstance(u, str) for u in unrelated):
-        raise ConfigError(f"{folder / UNRELATED_FILE}: every entry must be a string (a context paragraph)")
-    empty = [i for i, u in enumerate(unrelated) if not u.strip()]
-    if empty:
-        raise ConfigError(f"{folder / UNRELATED_FILE}: entry {empty[0]} is empty: every distractor context needs "
-                          f"text")
+    for i, context in enumerate(unrelated):
+        fault = text_fault(context)
+        if fault:
+            raise ConfigError(f"{folder / UNRELATED_FILE}: entry {i} {fault}: every distractor context must be a "
+                              f"string with text")
     return RetentionData(targets, unrelated)
 
 
 def _read_list(path: Path) -> list:
     if not path.is_file():
-        raise ConfigError(f"missing data file {path}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8-sig"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path} is not valid JSON: {err}") from None
+        raise ConfigError(f"missing data file {path}" + (" (a folder, not a file)" if path.is_dir() else ""))
+    data = read_json(path)
     if not isinstance(data, list) or not data:
         raise ConfigError(f"{path} must hold a non-empty JSON list")
     return data

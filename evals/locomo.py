@@ -26,7 +26,6 @@ the protocol's token limit is skipped and counted in run.json.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from evals import synthetic_dialogue
+from evals.data_files import number_fault, read_json, text_fault
 from evals.locomo_scoring import Category, score
 from evals.metrics import token_f1 as longbench_f1
 from evals.retention import best_rank, is_correct
@@ -201,27 +201,39 @@ def validated(samples, where: str) -> list[dict]:
         conversation = sample["conversation"]
         for key in ("speaker_a", "speaker_b"):
             _need(isinstance(conversation.get(key), str), at, f"conversation.{key} must be a string")
+        for key in conversation:
+            m = SESSION.fullmatch(key)
+            _need(m is None or key == f"session_{int(m.group(1))}", at,
+                  f"conversation key {key!r}: LoCoMo numbers sessions without leading zeros "
+                  f"(session_{int(m.group(1)) if m else ''})")
         sessions = sessions_of(conversation)
         _need(bool(sessions), at, "conversation has no session_<k> list of turns")
         for k in sessions:
             turns = conversation[f"session_{k}"]
             _need(isinstance(turns, list) and turns, at, f"conversation.session_{k} must be a non-empty list of turns")
             for i, turn in enumerate(turns):
-                _need(isinstance(turn, dict) and isinstance(turn.get("speaker"), str)
-                      and isinstance(turn.get("text"), str), at,
-                      f"conversation.session_{k}[{i}] must be a turn with string 'speaker' and 'text'")
+                _need(isinstance(turn, dict) and not any(text_fault(turn.get(key), blank_ok=True)
+                                                         for key in ("speaker", "text")), at,
+                      f"conversation.session_{k}[{i}] must be a turn with string 'speaker' and 'text' (valid text)")
         for i, item in enumerate(sample["qa"]):
             here = f"qa[{i}]"
-            _need(isinstance(item, dict) and isinstance(item.get("question"), str), at,
-                  f"{here} must have a string 'question'")
-            _need(item.get("category") in set(Category), at,
-                  f"{here}.category={item.get('category')!r} must be one of {[int(c) for c in Category]}")
+            _need(isinstance(item, dict), at, f"{here} must be an object with a 'question'")
+            fault = text_fault(item.get("question"))
+            _need(fault is None, at, f"{here}.question {fault}: every question needs text")
+            category = item.get("category")
+            _need(type(category) is int and category in set(Category), at,
+                  f"{here}.category={category!r} must be one of {[int(c) for c in Category]}")
             answer = item.get("answer", item.get("adversarial_answer"))
-            _need(isinstance(answer, (str, int, float)) and not isinstance(answer, bool), at,
-                  f"{here} must have an 'answer' (or, category 5, an 'adversarial_answer'): a string or a number")
+            fault = text_fault(answer) if isinstance(answer, str) else number_fault(answer)
+            _need(fault is None, at, f"{here}'s answer (or, category 5, 'adversarial_answer') {fault}: a non-empty "
+                                     f"string or a finite number (an empty gold is in every reply)")
             _need(isinstance(item.get("evidence", []), list)
                   and all(isinstance(e, str) for e in item.get("evidence", [])), at,
                   f"{here}.evidence must be a list of turn ids such as 'D3:12'")
+    ids = [sample["sample_id"] for sample in samples]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    _need(not twice, where, f"sample_id {twice[0] if twice else ''!r} is given to more than one sample (each "
+                            f"conversation's id is its own: the bootstrap's clusters and the claims' keys)")
     return samples
 
 
@@ -230,11 +242,7 @@ def read_file(path: Path) -> list[dict]:
     if not path.is_file():
         raise ConfigError(f"task.file: {path} is not a file (LoCoMo's locomo10.json; task.data_dir sets the "
                           f"folder holding {DEFAULT_FILE})")
-    try:
-        samples = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path} is not valid JSON: {err}") from None
-    return validated(samples, str(path))
+    return validated(read_json(path), str(path))
 
 
 class LoCoMo:

@@ -16,9 +16,9 @@ joined they give it back (a blank text before the first passage is dropped).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
+import string
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from evals import synthetic_long
+from evals.data_files import read_json, read_json_lines, text_fault
 from evals.metrics import METRICS, AnswerMetrics, BertScore
 from evals.retention import best_rank
 from evals.stats import bootstrap_mean, paired_difference, with_interval
@@ -49,7 +50,7 @@ Overflow = StrEnum("Overflow", ["skip", "truncate"])      # a context past max_t
 Prompt = StrEnum("Prompt", ["plain", "longbench", "chat"])
 AUTHORS_PROMPT = "Question: {input}\nAnswer:"
 PROMPT_FILE, MAXLEN_FILE = "dataset2prompt.json", "dataset2maxlen.json"
-PASSAGE = re.compile(r"Passage\s*:?\s*\d+\s*:")
+PASSAGE = re.compile(r"Passage\s*+:?\s*+\d++\s*+:")       # possessive: no backtracking over long blanks
 SENTENCE_ENDS = ("\n", ".", "\u3002")
 
 
@@ -132,18 +133,6 @@ def truncate_middle(context: str, tokenizer, max_tokens: int) -> str:
 
 # ---- data ---------------------------------------------------------------------------------------
 
-def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{path}: line {number} is not valid JSON: {err}") from None
-    return rows
-
-
 def _read_parquet(paths: list[Path]) -> list[dict]:
     """Rows as plain Python values (lists, not arrays)."""
     import pyarrow
@@ -159,7 +148,7 @@ def local_records(folder: Path, subset: str) -> list[dict]:
     """The records of `subset` under `folder`: official JSONL or a parquet mirror's files."""
     for path in (folder / f"{subset}.jsonl", folder / "data" / f"{subset}.jsonl"):
         if path.is_file():
-            return _read_jsonl(path)
+            return read_json_lines(path)
     parquet = [folder / f"{subset}.parquet"] if (folder / f"{subset}.parquet").is_file() else \
         sorted((folder / subset).glob("**/*.parquet"))
     if parquet:
@@ -178,20 +167,31 @@ def hub_records(hub_id: str, subset: str) -> list[dict]:
 
 
 def validated(records: list[dict], where: str) -> list[dict]:
-    """Records with a string `input`, a non-empty `context` and a non-empty list of string `answers`."""
+    """Records with a non-empty string `input` (the question) and `context`, and a non-empty list of non-empty
+    string `answers`."""
     if not records:
         raise ConfigError(f"{where}: holds no items")
     for i, record in enumerate(records):
         answers = record.get("answers") if isinstance(record, dict) else None
-        if not isinstance(answers, (list, tuple)) or not answers or not all(isinstance(a, str) for a in answers):
+        if not isinstance(answers, (list, tuple)) or not answers:
             raise ConfigError(f"{where}: item {i} has no 'answers' (a non-empty list of strings)")
-        if not all(a.strip() for a in answers):
-            raise ConfigError(f"{where}: item {i} has an empty answer (every answer needs text)")
-        if not isinstance(record.get("input"), str):
-            raise ConfigError(f"{where}: item {i} has no 'input' (the question, a string)")
-        if not isinstance(record.get("context"), str) or not record["context"].strip():
-            raise ConfigError(f"{where}: item {i} has an empty 'context'")
+        for key, value in [("input", record.get("input")), ("context", record.get("context")),
+                           *((f"answers[{j}]", answer) for j, answer in enumerate(answers))]:
+            fault = text_fault(value)
+            if fault:
+                raise ConfigError(f"{where}: item {i} {key!r} {fault} (every question, context and answer needs "
+                                  f"text)")
     return records
+
+
+def template_fields(template) -> set[str] | None:
+    """The {fields} a prompt template fills (None: not a string, or not a template str.format reads)."""
+    if not isinstance(template, str):
+        return None
+    try:
+        return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError:
+        return None
 
 
 # ---- the task -----------------------------------------------------------------------------------
@@ -259,10 +259,9 @@ class LongBench:
         path = self.folder / name
         if not path.is_file():
             raise ConfigError(f"missing {path} (LongBench's config/{name}; task.data_dir sets the folder)")
-        try:
-            table = json.loads(path.read_text(encoding="utf-8-sig"))
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{path} is not valid JSON: {err}") from None
+        table = read_json(path)
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path} must hold a JSON object, one entry per subset")
         missing = [s for s in self.subsets if s not in table]
         if missing:
             raise ConfigError(f"{path} has no entry for {missing}")
@@ -273,14 +272,27 @@ class LongBench:
         """LongBench's prompt template per subset (read only where prompt is 'longbench' or 'chat')."""
         if self.prompt == "plain":
             return {}
-        return synthetic_long.PROMPTS if self.dataset == "synthetic" else self._config_file(PROMPT_FILE)
+        if self.dataset == "synthetic":
+            return synthetic_long.PROMPTS
+        table = self._config_file(PROMPT_FILE)
+        for subset in self.subsets:
+            fields = template_fields(table[subset])
+            if fields != {"context", "input"}:
+                raise ConfigError(f"{self.folder / PROMPT_FILE}: {subset!r} must be a string holding {{context}} "
+                                  f"and {{input}} and no other field, not {table[subset]!r:.80}")
+        return table
 
     @cached_property
     def answer_lengths(self) -> dict[str, int]:
         """max_new_tokens per subset: the setting (task.max_new_tokens), else LongBench's dataset2maxlen.json."""
         if self.answer_setting is not None:
             return {s: self.answer_setting for s in self.subsets}
-        return synthetic_long.MAX_NEW_TOKENS if self.dataset == "synthetic" else self._config_file(MAXLEN_FILE)
+        if self.dataset == "synthetic":
+            return synthetic_long.MAX_NEW_TOKENS
+        table = self._config_file(MAXLEN_FILE)
+        for subset in self.subsets:
+            whole_number(f"{self.folder / MAXLEN_FILE}: {subset!r}", table[subset])
+        return table
 
     @property
     def max_new_tokens(self) -> int:

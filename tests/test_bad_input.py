@@ -328,13 +328,18 @@ def test_a_longbench_item_without_answers_is_refused_before_weights_load(tmp_pat
 NQA_ITEM = {"context": "The Orin river floods every spring.", "question": "When does the Orin flood?",
             "answer": "every spring"}
 DATA_CASES = {   # a data file with one fault -> what the one line says
-    "empty answer": ([{**NQA_ITEM, "answer": ""}], ["a distractor"], "item 0 has an empty 'answer'"),
-    "blank question": ([{**NQA_ITEM, "question": "  "}], ["a distractor"], "item 0 has an empty 'question'"),
-    "empty context": ([{**NQA_ITEM, "context": ""}], ["a distractor"], "item 0 has an empty 'context'"),
-    "empty distractor": ([NQA_ITEM], ["a distractor", "\n"], "entry 1 is empty: every distractor context needs"),
-    "answer not a string": ([{**NQA_ITEM, "answer": 3}], ["a distractor"], "item 0 is not an object with string"),
-    "distractor not a string": ([NQA_ITEM], [{"text": "x"}], "every entry must be a string"),
+    "empty answer": ([{**NQA_ITEM, "answer": ""}], ["a distractor"], "item 0 'answer' is empty"),
+    "blank question": ([{**NQA_ITEM, "question": "  "}], ["a distractor"], "item 0 'question' is empty"),
+    "empty context": ([{**NQA_ITEM, "context": ""}], ["a distractor"], "item 0 'context' is empty"),
+    "empty distractor": ([NQA_ITEM], ["a distractor", "\n"], "entry 1 is empty: every distractor context must be"),
+    "answer not a string": ([{**NQA_ITEM, "answer": 3}], ["a distractor"], "item 0 'answer' is int, not a string"),
+    "distractor not a string": ([NQA_ITEM], [{"text": "x"}], "entry 0 is dict, not a string"),
     "no items": ([], ["a distractor"], "must hold a non-empty JSON list"),
+    "a lone surrogate in a question": ([{**NQA_ITEM, "question": "where\ud800?"}], ["a distractor"],
+                                       "item 0 'question' is no valid text (a lone surrogate '\\ud800' at character "
+                                       "5)"),
+    "a lone surrogate in a distractor": ([NQA_ITEM], ["a \udfff distractor"], "entry 0 is no valid text"),
+    "a JSON nested past the parser": ("[" * 100_000, ["a distractor"], "val_data.json: its JSON nests deeper"),
 }
 
 
@@ -344,7 +349,7 @@ def test_a_data_file_with_a_bad_value_is_refused_naming_the_file_and_item(case, 
     targets, unrelated, message = DATA_CASES[case]
     folder = tmp_path / "data" / "nqa"
     folder.mkdir(parents=True)
-    (folder / "val_data.json").write_text(json.dumps(targets))
+    (folder / "val_data.json").write_text(targets if isinstance(targets, str) else json.dumps(targets))
     (folder / "unrelated_contexts_from_train.json").write_text(json.dumps(unrelated))
     line = refused(["task.dataset=nqa", f"task.data_dir={tmp_path / 'data'}", "logger=none",
                     f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch, capsys)

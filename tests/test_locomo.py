@@ -122,11 +122,26 @@ BROKEN = [     # (how a valid file is broken, what the one line says)
      "conversation.session_3 must be a non-empty list of turns"),
     (lambda s: [{**s[0], "conversation": {**s[0]["conversation"], "session_2": [{"speaker": "A"}]}}],
      r"conversation.session_2\[0\] must be a turn with string 'speaker' and 'text'"),
-    (lambda s: [{**s[0], "qa": [{"answer": "x", "category": 4}]}], r"qa\[0\] must have a string 'question'"),
+    (lambda s: [{**s[0], "qa": [{"answer": "x", "category": 4}]}], r"qa\[0\].question is NoneType, not a string"),
+    (lambda s: [{**s[0], "qa": [{"question": " ", "answer": "x", "category": 4}]}], r"qa\[0\].question is empty"),
+    (lambda s: [{**s[0], "qa": [{"question": "q\ud800", "answer": "x", "category": 4}]}],
+     r"qa\[0\].question is no valid text \(a lone surrogate"),
+    (lambda s: [{**s[0], "qa": [{"question": "q", "answer": "", "category": 4}]}],
+     r"qa\[0\]'s answer \(or, category 5, 'adversarial_answer'\) is empty: a non-empty string or a finite number"),
+    (lambda s: [{**s[0], "qa": [{"question": "q", "answer": float("nan"), "category": 4}]}],
+     r"qa\[0\]'s answer .* is nan, not a finite number"),
+    (lambda s: [{**s[0], "qa": [{"question": "q", "answer": "x", "category": True}]}],
+     r"qa\[0\].category=True must be one of"),
+    (lambda s: [{**s[0], "qa": [{"question": "q", "answer": "x", "category": 4.0}]}],
+     r"qa\[0\].category=4.0 must be one of"),
+    (lambda s: [{**s[0], "conversation": {("session_01" if k == "session_1" else k): v
+                                          for k, v in s[0]["conversation"].items()}}],
+     r"conversation key 'session_01': LoCoMo numbers sessions without leading zeros \(session_1\)"),
+    (lambda s: [s[0], {**s[1], "sample_id": s[0]["sample_id"]}], "sample_id 'synthetic-0' is given to more than one"),
     (lambda s: [{**s[0], "qa": [{"question": "q", "answer": "x", "category": 6}]}],
      r"qa\[0\].category=6 must be one of \[1, 2, 3, 4, 5\]"),
     (lambda s: [{**s[0], "qa": [{"question": "q", "category": 5}]}],
-     r"qa\[0\] must have an 'answer' \(or, category 5, an 'adversarial_answer'\)"),
+     r"qa\[0\]'s answer \(or, category 5, 'adversarial_answer'\) is NoneType, not a number"),
     (lambda s: [{**s[0], "qa": [{"question": "q", "answer": "x", "category": 4, "evidence": "D1:2"}]}],
      r"qa\[0\].evidence must be a list of turn ids"),
 ]
@@ -141,7 +156,8 @@ def test_a_malformed_file_is_refused_in_one_line_naming_the_file_sample_and_fiel
 
 
 @pytest.mark.parametrize("contents, says", [
-    (None, "is not a file"), ("{not json", "is not valid JSON"), (b"\xff\xfe", "is not valid JSON")])
+    (None, "is not a file"), ("{not json", "is not valid JSON"), (b"\xff\xfe", "is not UTF-8 text"),
+    ("[" * 100_000, "its JSON nests deeper than Python's parser reads")])
 def test_an_unreadable_file_is_refused_in_one_line(tmp_path, contents, says):
     path = tmp_path / "locomo.json"
     if isinstance(contents, bytes):

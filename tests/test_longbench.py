@@ -119,11 +119,24 @@ def test_prompts(data_dir, chars):
     ({"chunk_tokens": 0}, "task.chunk_tokens=0 must be an integer >= 1"),
     ({"overflow": "wrap"}, "task.overflow='wrap' is not one of ['skip', 'truncate']"),
     ({"max_new_tokens": None, "subsets": ["hotpotqa"], "maxlen": {}}, "has no entry for ['hotpotqa']"),
+    ({"max_new_tokens": None, "subsets": ["hotpotqa"], "maxlen": {"hotpotqa": -5}},
+     "dataset2maxlen.json: 'hotpotqa'=-5 must be an integer >= 1"),
+    ({"max_new_tokens": None, "subsets": ["hotpotqa"], "maxlen": {"hotpotqa": "32"}},
+     "dataset2maxlen.json: 'hotpotqa'='32' must be an integer >= 1"),
+    ({"max_new_tokens": None, "subsets": ["hotpotqa"], "maxlen": ["hotpotqa"]},
+     "dataset2maxlen.json must hold a JSON object, one entry per subset"),
+    ({"prompt": "longbench", "subsets": ["hotpotqa"], "prompts": {"hotpotqa": "{context} Answer the question."}},
+     "dataset2prompt.json: 'hotpotqa' must be a string holding {context} and {input} and no other field"),
+    ({"prompt": "longbench", "subsets": ["hotpotqa"], "prompts": {"hotpotqa": "{context} {input} {source}"}},
+     "dataset2prompt.json: 'hotpotqa' must be a string holding"),
+    ({"prompt": "chat", "subsets": ["hotpotqa"], "prompts": {"hotpotqa": 3}},
+     "dataset2prompt.json: 'hotpotqa' must be a string holding"),
 ])
 def test_bad_settings_are_refused(data_dir, change, message):
-    if "maxlen" in change:
-        (data_dir / "longbench" / "dataset2maxlen.json").write_text(json.dumps(change.pop("maxlen")))
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+    for key, name in (("maxlen", "dataset2maxlen.json"), ("prompts", "dataset2prompt.json")):
+        if key in change:
+            (data_dir / "longbench" / name).write_text(json.dumps(change.pop(key)))
+    with pytest.raises(ConfigError, match=re.escape(message)):
         LongBench("longbench", str(data_dir), **{"subsets": ["hotpotqa", "qasper"], **change}).check()
 
 
@@ -153,14 +166,16 @@ def test_the_declared_answer_budget_is_the_largest_its_questions_are_asked_with(
 
 @pytest.mark.parametrize("field, value, message", [
     ("answers", None, "item 0 has no 'answers'"), ("answers", [], "item 0 has no 'answers'"),
-    ("context", "  ", "item 0 has an empty 'context'"), ("input", 3, "item 0 has no 'input'"),
+    ("context", "  ", "item 0 'context' is empty"), ("input", 3, "item 0 'input' is int, not a string"),
+    ("input", "", "item 0 'input' is empty"), ("answers", ["Quenby", 7], "item 0 'answers[1]' is int, not a string"),
+    ("input", "where\ud800?", "item 0 'input' is no valid text (a lone surrogate"),
 ])
 def test_bad_items_are_refused(data_dir, field, value, message):
     path = data_dir / "longbench" / "data" / "hotpotqa.jsonl"
     records = read_jsonl(path)
     records[0][field] = value
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         LongBench("longbench", str(data_dir), subsets=["hotpotqa"]).check()
 
 

@@ -35,8 +35,8 @@ def test_groups_are_seeded_filtered_and_share_distractors(tmp_path):
 @pytest.mark.parametrize("setup, message", [
     (lambda p: None, "has no folder nqa/"),
     (lambda p: write(p, [], ["u"]), "non-empty JSON list"),
-    (lambda p: write(p, [{"context": "c"}], ["u"]), "item 0 is not an object"),
-    (lambda p: write(p, ITEMS, [3]), "every entry must be a string"),
+    (lambda p: write(p, [{"context": "c"}], ["u"]), "item 0 'question' is NoneType, not a string"),
+    (lambda p: write(p, ITEMS, [3]), "entry 0 is int, not a string: every distractor context must be a string"),
 ])
 def test_bad_data_gets_one_clear_error(tmp_path, setup, message):
     setup(tmp_path)
