@@ -58,6 +58,8 @@ class Forgetting:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"forgetting.capacity={capacity!r} must be a positive integer "
                              "(N_max in memory tokens; model.memory_capacity sets it)")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"forgetting.seed={seed!r} must be an integer")
         self.capacity, self.seed = capacity, seed
         self.generator = torch.Generator().manual_seed(seed)
 

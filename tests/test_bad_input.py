@@ -78,7 +78,7 @@ CASES = [
     (["method.k=-1"], "method.k=-1 is not allowed"),
     (["method.k=some"], "method.k='some' is not allowed"),
     (["method.tracer_layer=30"], "method.tracer_layer=30 is out of range: this model has 30 decoder layers, "
-     "allowed 0..29"),
+     "allowed the integers 0..29"),
     (["method.tracer_layer=-1"], "method.tracer_layer=-1 is out of range"),
     (["model.tracer_layer=null"], "method.tracer_layer and method.query_mode must be set"),
     (["threads=0"], "threads=0 must be >= 1"),
@@ -174,7 +174,7 @@ CASES = [
     (["task=probe", "task.layers=[1.5]"], "task.layers=[1.5] must be 'all', 'band' or a list"),
     (["task=probe", "task.layers=true"], "task.layers=True must be 'all', 'band' or a list"),
     (["model=gemma3_270m", "method.tracer_layer=18"], "method.tracer_layer=18 is out of range: this model has 18 "
-     "decoder layers, allowed 0..17"),
+     "decoder layers, allowed the integers 0..17"),
     (["method=memdefrag_top2", "method.tracer_layer=-5"], "method.tracer_layer=-5 is out of range"),
     (["max_new_tokens=100000"], "max_new_tokens=100000 must be smaller than the model's 8192 positions"),
     (["prompt=plain", "max_new_tokens=8192"], "max_new_tokens=8192 must be smaller than the model's 8192 positions"),
@@ -266,7 +266,7 @@ CASES = [
     (["task.dataset=squad", "task.data_dir=/etc/hostname"], "task.data_dir='/etc/hostname' has no folder squad/"),
     # a sweep: every job is checked before the first one starts
     (["-m", "method=vanilla,memdefrag", "model.tracer_layer=40"], "method.tracer_layer=40 is out of range: this "
-     "model has 30 decoder layers, allowed 0..29 (job method=memdefrag model.tracer_layer=40"),
+     "model has 30 decoder layers, allowed the integers 0..29 (job method=memdefrag model.tracer_layer=40"),
     (["-m", "method.k=1,0"], "method.k=0 is not allowed"),
     (["-m", "method=vanilla,nosuch"], "Could not find 'method/nosuch'"),
     (["experiment=main", "task.groups=ten"], "task.groups: Value 'ten'"),

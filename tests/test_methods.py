@@ -1,5 +1,7 @@
 """Methods: the defragmentation core, validation, and agreement where they must agree."""
 
+import re
+
 import pytest
 import torch
 
@@ -69,10 +71,11 @@ def test_no_memory_uses_the_prompt_alone(llama, tokenizer):
     assert answer.memory_tokens == 0 and answer.densities == {}
 
 
-@pytest.mark.parametrize("layer", [-1, 3])
+@pytest.mark.parametrize("layer", [-1, 3, 1.5, "1", True])
 def test_a_session_refuses_a_tracer_layer_its_model_lacks_as_it_is_made(layer, llama, tokenizer):
     """What the runner's preflight checks, checked for a library user too, before anything is stored."""
-    with pytest.raises(ValueError, match=rf"method.tracer_layer={layer} is out of range: this model has 3 decoder"):
+    with pytest.raises(ValueError, match=re.escape(f"method.tracer_layer={layer!r} is out of range: this model has 3 "
+                                                   f"decoder layers, allowed the integers 0..2")):
         Session(llama, tokenizer, KVPrefixBackend(llama), MemDefrag(1, layer, "mean"), "shared_sink", "plain")
 
 

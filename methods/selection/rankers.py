@@ -48,9 +48,10 @@ class Density(Ranker):
             raise ValueError("method.tracer_layer and method.query_mode must be set: no tracer layer is recorded "
                              "for this model; run `memdefrag tracer-sweep model=...` for it (conf/tracers.yaml), "
                              "or set model.tracer_layer and model.query_mode")
-        if not 0 <= self.tracer_layer < num_layers:
-            raise ValueError(f"method.tracer_layer={self.tracer_layer} is out of range: this model has "
-                             f"{num_layers} decoder layers, allowed 0..{num_layers - 1}")
+        if isinstance(self.tracer_layer, bool) or not isinstance(self.tracer_layer, int) \
+                or not 0 <= self.tracer_layer < num_layers:
+            raise ValueError(f"method.tracer_layer={self.tracer_layer!r} is out of range: this model has "
+                             f"{num_layers} decoder layers, allowed the integers 0..{num_layers - 1}")
 
     def scores(self, memory, prompt_ids, backend, question):
         rows = backend.attention_rows(memory, prompt_ids, [self.tracer_layer])[self.tracer_layer]
