@@ -227,6 +227,9 @@ class Session:
                              f"first (a question with no memory is method none's)")
         whole_number("max_new_tokens", max_new_tokens, or_null=True)
         prompt_ids = self.prompt_ids(question, prompt)
+        if len(prompt_ids) == 0:
+            raise ValueError(f"Session.ask: the question {question!r} in prompt {prompt or self.prompt!r} reads no "
+                             f"token: ask something")
         max_new_tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         device = self.model.device
         peaks = PeakWatch(device)

@@ -129,3 +129,8 @@ def test_a_memory_forgotten_per_layer_has_no_text_to_read(llama, tokenizer):
     assert made.memory.fragments[0].token_ids.dim() == 2
     with pytest.raises(ValueError, match="layers keep different tokens .* read it with a latent method"):
         made.memory.text_ids()
+
+
+def test_a_question_that_reads_no_token_is_one_line(llama, tokenizer):
+    with pytest.raises(ValueError, match="Session.ask: the question '' in prompt 'raw' reads no token"):
+        stored(llama, tokenizer).ask("", prompt="raw")
