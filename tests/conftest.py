@@ -151,6 +151,9 @@ def tokenizer():
     return CharTokenizer()
 
 
+NO_TENSORS = (2).to_bytes(8, "little") + b"{}"   # a whole .safetensors file holding no tensor: weights never read
+
+
 FRAGMENTS = ["the cat sat on the mat", "a quick brown fox jumps", "hello world again and again", "zzz yy x",
              "a much longer fragment that crosses the sliding window of twelve"]
 

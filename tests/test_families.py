@@ -22,7 +22,7 @@ from harness.errors import ConfigError
 from harness.running.families import Outcome, causal_types, judged, survey, tiny_config, tiny_tokenizer
 from harness.running.runner import preflight
 from methods.backends.kv_prefix import KVPrefixBackend
-from tests.conftest import COMMON, FAMILIES, tiny_run_config
+from tests.conftest import COMMON, FAMILIES, NO_TENSORS, tiny_run_config
 
 GEMMA4 = dict(COMMON, sliding_window=12)
 STATEFUL = "keeps a recurrent or convolutional state, not per-token keys and values"
@@ -65,7 +65,7 @@ def config_only(tmp_path, tiny_checkpoint, monkeypatch):
     def save(config) -> str:
         folder = tmp_path / config.model_type
         config.save_pretrained(folder)
-        (folder / "model.safetensors").write_bytes(b"")           # never read: refused before weights load
+        (folder / "model.safetensors").write_bytes(NO_TENSORS)    # never read: refused before weights load
         for file in Path(tiny_checkpoint).iterdir():
             if "token" in file.name or "chat_template" in file.name:
                 shutil.copy(file, folder / file.name)

@@ -14,7 +14,7 @@ from harness.models.shapes import SHAPES
 from harness.models.loading import check_source
 from harness.running.runner import preflight
 from methods.window import trained_window
-from tests.conftest import sweep_points
+from tests.conftest import NO_TENSORS, sweep_points
 from tests.test_config import composed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def test_every_memdefrag_run_passes_preflight_and_reads_past_its_window_only_whe
         if not folder.is_dir():
             SHAPES[shape].config_class(**SHAPES[shape].config).save_pretrained(folder)
             tokenizer.save_pretrained(folder)
-            (folder / "model.safetensors").touch()
+            (folder / "model.safetensors").write_bytes(NO_TENSORS)
         line["model.source"] = str(folder)
         runs = {}                                 # the line's own axes replace the experiment's: each run once
         for point in sweep_points(line["experiment"]):
