@@ -25,11 +25,11 @@ from typing import Any, List, Optional
 
 import yaml
 from hydra.core.config_store import ConfigStore
-from hydra.utils import get_class
 from omegaconf import MISSING, SI, OmegaConf
 
 from harness.errors import ConfigError
 from harness.models.loading import ModelSpec
+from harness.plugins.contracts import locate_class
 from harness.results.folder import folder_name
 from harness.running.runner import Backend
 from methods.formation import Formation, FormationBatch, Residence
@@ -81,7 +81,7 @@ def schema(cls: type, name: str, extra: list | None = None) -> type:
 
 def plugin_schema(group: str, target: str) -> tuple[str, type]:
     """The name a plugin's YAML files extend and the schema stored under it."""
-    owner = declaring(get_class(target))
+    owner = declaring(locate_class(target))
     extra = [("_target_", str, dataclasses.field(default=MISSING))]
     if group in LABELLED:
         extra.append(("label", str, dataclasses.field(default=MISSING)))
@@ -135,7 +135,12 @@ def register_file(path: Path) -> None:
     config = yaml.safe_load(path.read_text()) or {}
     if not config.get("_target_"):
         return
-    name, node = plugin_schema(path.parent.name, config["_target_"])
+    try:
+        name, node = plugin_schema(path.parent.name, config["_target_"])
+    except Exception as err:  # noqa: BLE001 - an author's module may raise anything as it is imported
+        cause = " ".join(str(err).split()) or type(err).__name__
+        UNLOADABLE[path] = f"_target_={config['_target_']} cannot be loaded ({type(err).__name__}: {cause:.200})"
+        return
     own = f"{path.stem}_schema"
     for stored in {name, own}:
         ConfigStore.instance().store(group=path.parent.name, name=stored, node=node)
@@ -144,11 +149,16 @@ def register_file(path: Path) -> None:
 
 
 MISNAMED: dict[Path, tuple[str, str]] = {}     # a YAML file -> (the schema it extends, the one it may extend)
+UNLOADABLE: dict[Path, str] = {}               # a YAML file -> why its _target_'s class cannot be had
 
 
 def check_names() -> None:
-    """Refuse a plugin YAML that extends a schema under another name than its class's (Hydra would say only that
-    it cannot find the name given), naming the one expected."""
+    """Refuse a plugin YAML whose _target_ names no class that imports (a typo, a module that fails), or that
+    extends a schema under another name than its class's (Hydra would say only that it cannot find the name
+    given), naming the file and what to write."""
+    if UNLOADABLE:
+        path, why = next(iter(UNLOADABLE.items()))
+        raise ConfigError(f"{path.relative_to(CONF.parent)}: {why}")
     if MISNAMED:
         path, (given, expected) = next(iter(MISNAMED.items()))
         raise ConfigError(f"{path.relative_to(CONF.parent)} extends {given}, but its schema is named {expected} (the "

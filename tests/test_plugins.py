@@ -181,6 +181,27 @@ def test_a_yaml_that_extends_its_schema_under_another_name_is_refused_naming_the
                                   "write `defaults: [recency_window_schema, _self_]`")
 
 
+@pytest.mark.parametrize("target, cause", [
+    (f"{__name__}.RecencyWindw", f"AttributeError: module '{__name__}' has no attribute 'RecencyWindw'"),
+    ("methods.no_such_module.Recency", "AttributeError: module 'methods' has no attribute 'no_such_module'"),
+])
+def test_a_yaml_whose_target_names_no_class_is_one_line_naming_the_file(target, cause, tmp_path, monkeypatch):
+    """A typo in a plugin's _target_ (every YAML of conf/ is read as the package imports) is the file named in one
+    line when a command starts, not a traceback out of every command."""
+    from conf import schema
+
+    (tmp_path / "conf" / "method").mkdir(parents=True)
+    (tmp_path / "conf" / "method" / "recency_window.yaml").write_text(
+        f"defaults:\n  - recency_window_schema\n  - _self_\n\n_target_: {target}\nlabel: recency\n")
+    monkeypatch.setattr(schema, "CONF", tmp_path / "conf")
+    monkeypatch.setattr(schema, "UNLOADABLE", {})
+    schema.register()
+    with pytest.raises(ConfigError) as refused:
+        schema.check_names()
+    assert str(refused.value).startswith(f"conf/method/recency_window.yaml: _target_={target} cannot be loaded "
+                                         f"({cause}")
+
+
 def test_a_plugin_of_several_words_is_named_by_its_yaml_in_its_schema_and_its_report_command(tmp_path, monkeypatch):
     """`RecencyWindow` in recency_window.yaml (issue 55: `OwnJsonl` in own_jsonl.yaml had the report print
     `memdefrag task=ownjsonl`, which does not exist): the YAML extends recency_window_schema, and the name the
