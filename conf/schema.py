@@ -29,7 +29,7 @@ from omegaconf import MISSING, SI, OmegaConf
 
 from harness.errors import ConfigError
 from harness.models.loading import ModelSpec
-from harness.plugins.contracts import locate_class
+from harness.plugins.contracts import LABELLED, locate_class
 from harness.results.folder import folder_name
 from harness.running.runner import Backend
 from methods.formation import Formation, FormationBatch, Residence
@@ -37,7 +37,6 @@ from methods.generation import Decode
 from methods.prompting import PromptStyle
 
 CONF = Path(__file__).parent
-LABELLED = ("method", "forgetting", "compression")      # groups whose runs are named by their `label`
 OPTION = inspect.Parameter.POSITIONAL_OR_KEYWORD
 
 

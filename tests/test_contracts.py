@@ -3,9 +3,12 @@ is refused in one line naming the plugin, the member and what is expected, when 
 or annotation shows it, else at its first use (a run's first record, a plan's first question), never after every
 group ran. Each row runs the real command (in this process) on the tiny checkpoint of tests/conftest.py."""
 
+import json
 import re
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -85,6 +88,71 @@ class OwnKey(Retention):
         {"context": "c"}["question"]
 
 
+class ChecksByReturning(Retention):
+    """`check()` returns its complaint instead of raising it."""
+
+    def check(self):
+        return "no passkey in the data"
+
+
+class AssertsInCheck(Method):
+    """`check()` asserts, as authors validate."""
+
+    def check(self, num_layers):
+        assert num_layers > 99, "needs a deep model"
+
+
+class RaisesPlainly(Method):
+    """Its constructor raises a plain Exception."""
+
+    def __init__(self):
+        raise Exception("window 2 is too wide")
+
+
+class UnknownBackend(Method):
+    """Names a backend that does not exist."""
+
+    backends = ("fast", "hiden_prefix")
+
+
+class OneBackendString(Method):
+    """`backends` as one string, which a membership test reads letter by letter."""
+
+    backends = "fast"
+
+
+class NoGroups(Retention):
+    def groups(self, tokenizer):
+        return []
+
+
+class TwiceIndexed(Retention):
+    def groups(self, tokenizer):
+        return [replace(group, index=0) for group in super().groups(tokenizer)]
+
+
+class TextAsOneString(Retention):
+    def groups(self, tokenizer):
+        return [SimpleNamespace(index=group.index, texts=lambda g=group: " ".join(g.texts()))
+                for group in super().groups(tokenizer)]
+
+
+class FailsInSecondGroup(Method):
+    """Vanilla until its second group's question, where a bug of its own raises."""
+
+    def __init__(self):
+        self.group = 0
+
+    def for_group(self, index):
+        self.group = index
+        return self
+
+    def plan(self, memory, prompt_ids, backend, question=None):
+        if self.group == 1:
+            {}["tracer"]
+        return Plan(latent=memory)
+
+
 CASES = {  # attempt -> (overrides, the one line), each on the tiny checkpoint
     "plan returns the memory": (["method=vanilla", "method._target_=tests.test_contracts.PlanReturnsMemory"],
                                 "method PlanReturnsMemory.plan returned a LatentMemory; it must return a Plan "
@@ -113,6 +181,23 @@ CASES = {  # attempt -> (overrides, the one line), each on the tiny checkpoint
     "its own file missing": (["task._target_=tests.test_contracts.OwnFile"],
                              "task OwnFile.check: cannot read /nonexistent/own.jsonl: No such file or directory"),
     "its own data lacking a key": (["task._target_=tests.test_contracts.OwnKey"], "task OwnKey.check: KeyError: 'question'"),
+    "check returning its complaint": (["task._target_=tests.test_contracts.ChecksByReturning"],
+                                      "task ChecksByReturning.check returned 'no passkey in the data': a check refuses "
+                                      "by raising ValueError and returns nothing"),
+    "an assert in check": (["method=vanilla", "method._target_=tests.test_contracts.AssertsInCheck"],
+                           "method AssertsInCheck.check: AssertionError: needs a deep model"),
+    "a constructor raising a plain Exception": (["method=vanilla", "method._target_=tests.test_contracts.RaisesPlainly"],
+                                                "method RaisesPlainly(): Exception: window 2 is too wide"),
+    "an unknown backend": (["method=vanilla", "method._target_=tests.test_contracts.UnknownBackend"],
+                           "method=vanilla: UnknownBackend.backends=('fast', 'hiden_prefix') must list some of "
+                           "['fast', 'hidden_prefix']"),
+    "backends as one string": (["method=vanilla", "method._target_=tests.test_contracts.OneBackendString"],
+                               "method=vanilla: OneBackendString.backends='fast' must list some of"),
+    "no group": (["task._target_=tests.test_contracts.NoGroups"], "task: groups() gave no group"),
+    "two groups of one index": (["task._target_=tests.test_contracts.TwiceIndexed"],
+                                "task: two of its groups have index 0; each group's index is its own"),
+    "texts as one string": (["task._target_=tests.test_contracts.TextAsOneString"],
+                            "task: group 0's texts() gave '"),
 }
 
 
@@ -146,6 +231,30 @@ def test_a_yaml_key_its_plugin_s_constructor_lacks_is_refused_naming_the_key_the
         "memdefrag: error: method/select_keep_order.yaml: keep_order is not an option of Selection, which takes "
         "ranker, size, k, tau, k_max, arrangement, window, reading, tracer_layer, query_mode, seed, embedder "
         "(besides _target_ and label)\n")
+
+
+def test_a_plugin_failing_mid_run_is_one_line_its_traceback_kept_and_the_finished_groups_too(
+        tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    err = refusal(["memdefrag", *tiny_overrides(tiny_checkpoint), "task.groups=2", "task.updates=2", "method=vanilla",
+                   "method._target_=tests.test_contracts.FailsInSecondGroup", f"hydra.run.dir={run}"], monkeypatch,
+                  capsys)
+    line = err.strip().splitlines()[-1]
+    assert line == (f"memdefrag: error: group 1: KeyError: 'tracer' (finished groups are kept in {run}; the "
+                    f"traceback is in {run / 'traceback.txt'}, MEMDEFRAG_DEBUG=1 raises it)")
+    assert "in plan" in (run / "traceback.txt").read_text()
+    assert [json.loads(row)["group"] for row in (run / "groups.jsonl").read_text().splitlines()] == [0]
+
+
+def test_a_plugin_yaml_without_a_label_is_refused_naming_it(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    (tmp_path / "conf" / "method").mkdir(parents=True)
+    (tmp_path / "conf" / "method" / "unlabelled.yaml").write_text(
+        "defaults:\n  - vanilla_schema\n  - _self_\n\n_target_: methods.baselines.Vanilla\n")
+    err = refusal(["memdefrag", *tiny_overrides(tiny_checkpoint), "method=unlabelled",
+                   f"hydra.searchpath=[file://{tmp_path}/conf]", f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch,
+                  capsys)
+    assert err.strip() == ("memdefrag: error: method.label: missing; the runs of a method are named by its label: give "
+                           "its YAML one (label: my_method)")
 
 
 def test_help_lists_every_subcommand_and_config_group_not_the_schemas(monkeypatch, capsys):

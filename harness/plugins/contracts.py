@@ -38,6 +38,7 @@ CONTRACTS: dict[str, dict[str, tuple[str, ...] | None]] = {
     "compression": {"__call__": ("text", "model", "tokenizer"), "check": (), "describe": ()},
 }
 OPTIONS = {"task": ("dataset",)}       # options the harness reads from a kind's config node (run tags, tables)
+LABELLED = ("method", "forgetting", "compression")      # kinds whose runs are named by their config's `label`
 # What a member must return where the harness takes its value, and how to give it: checked against the member's
 # return annotation when the plugin is composed, against the value at its first use (methods.errors.returned).
 RETURNS: dict[str, dict[str, tuple[type, str]]] = {
@@ -97,22 +98,34 @@ def build(node: DictConfig, what: str, **kwargs):
 @contextmanager
 def refused(what: str, member: str = "") -> Iterator[None]:
     """A plugin's ValueError or TypeError (its constructor's, its `check`'s) as one ConfigError line, prefixed
-    with its kind unless the message already starts with it (`method.k=0 ...`, `method mplus needs ...`); a file
-    it cannot read (OSError) or a key its data lacks (LookupError) as one line naming its kind, the `member` that
-    raised it (`Passkey.check`) and the file or the key. MEMDEFRAG_DEBUG=1 shows the traceback instead."""
+    with its kind unless the message already starts with it (`method.k=0 ...`, `method mplus needs ...`); anything
+    else it raises (a file it cannot read, a key its data lacks, a failed assert) as one line naming its kind, the
+    `member` that raised it (`Passkey.check`) and the cause. MEMDEFRAG_DEBUG=1 shows the traceback instead."""
     try:
         yield
     except (ValueError, TypeError) as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
         named = message.startswith((f"{what}.", f"{what} ", f"{what}="))
         raise ConfigError(message if named else f"{what}: {message}") from None
-    except (OSError, LookupError) as err:
+    except Exception as err:  # noqa: BLE001 - an author's check may fail any way: one line, the traceback on request
         if os.environ.get("MEMDEFRAG_DEBUG"):
             raise
+        said = " ".join(str(err).split())
         cause = (f"cannot read {err.filename}: {err.strerror or type(err).__name__}"
-                 if isinstance(err, OSError) and err.filename else f"{type(err).__name__}: {err}")
+                 if isinstance(err, OSError) and err.filename else f"{type(err).__name__}{': ' if said else ''}"
+                                                                   f"{said:.200}")
         raise ConfigError(f"{what} {member}: {cause} (a plugin's files and data are read before the run starts; "
-                          f"raise ValueError naming what is wrong)") from None
+                          f"raise ValueError naming what is wrong; MEMDEFRAG_DEBUG=1 shows the traceback)") from None
+
+
+def checked_call(what: str, member: str, call) -> None:
+    """Run a plugin's check as `refused` does; a value it returns is refused too (a check refuses by raising,
+    and one returning its complaint would pass silently)."""
+    with refused(what, member):
+        result = call()
+    if result is not None:
+        raise ConfigError(f"{what} {member} returned {result!r:.80}: a check refuses by raising ValueError and "
+                          f"returns nothing")
 
 
 def check_contract(plugin, what: str) -> None:
@@ -192,19 +205,30 @@ def prompt_positions(task, tokenizer, run_style: str, header: list[int], questio
 
 
 def check_groups(groups: list, what: str = "task") -> None:
-    """Refuse a task whose groups lack what the runner reads of them: an integer `index` and `texts()`, the
-    texts the group stores, taken with no arguments."""
+    """Refuse a task whose groups lack what the runner reads of them: at least one group, each with an integer
+    `index` of its own and `texts()`, taken with no arguments, listing the non-empty strings it stores."""
+    if not groups:
+        raise ConfigError(f"{what}: groups() gave no group: a run needs at least one")
+    seen = set()
     for group in groups:
         index = getattr(group, "index", None)
         if isinstance(index, bool) or not isinstance(index, int):
             raise ConfigError(f"{what}: its group {type(group).__name__} has index={index!r}; the runner needs an "
                               f"integer `index` per group (results and resume are kept per group)")
+        if index in seen:
+            raise ConfigError(f"{what}: two of its groups have index {index}; each group's index is its own "
+                              f"(results and resume are kept per group)")
+        seen.add(index)
         texts = getattr(group, "texts", None)
         try:
             inspect.signature(texts).bind()
         except (TypeError, ValueError):
             raise ConfigError(f"{what}: its group {type(group).__name__} needs `texts()`, taking no arguments, "
                               f"that lists the texts it stores (forgetting checks each fits its capacity)") from None
+        stored = texts()
+        if not isinstance(stored, (list, tuple)) or not all(isinstance(text, str) and text.strip() for text in stored):
+            raise ConfigError(f"{what}: group {index}'s texts() gave {stored!r:.80}; it must list the non-empty "
+                              f"strings the group stores, one per fragment")
 
 
 def check_record(record, group: int, what: str = "task") -> None:

@@ -7,6 +7,8 @@ import math
 import os
 import resource
 import time
+import traceback
+from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 
@@ -22,8 +24,8 @@ from harness.running import shards
 from harness.errors import ConfigError
 from harness.running.formed import FormedFragments, Unkept
 from harness.models.loading import ModelSpec, check_source, load, one_line_cause
-from harness.plugins.contracts import (answer_budget, build, check_first_record, check_groups, check_record, checked,
-                             metrics_table, prompt_positions, refused)
+from harness.plugins.contracts import (LABELLED, answer_budget, build, check_first_record, check_groups, check_record,
+                                       checked, checked_call, metrics_table, prompt_positions, refused)
 from harness.results.folder import ResultFolder, flattened
 from harness.results.summary import phase_totals
 from methods.attention.decoder import num_layers
@@ -79,6 +81,10 @@ def check_given(cfg: DictConfig) -> None:
     if missing:
         raise ConfigError(f"{', '.join(missing)}: missing, a run needs a value (a command line's ~key takes a "
                           f"config group's away): give it one")
+    unlabelled = [group for group in LABELLED if OmegaConf.is_missing(cfg[group], "label")]
+    if unlabelled:
+        raise ConfigError(f"{unlabelled[0]}.label: missing; the runs of a {unlabelled[0]} are named by its label: "
+                          f"give its YAML one (label: my_{unlabelled[0]})")
 
 
 def preflight(cfg: DictConfig, choices: dict | None = None):
@@ -112,22 +118,22 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
     except ValueError as err:
         raise ConfigError(str(err)) from None
     method = build(cfg.method, "method")
+    if isinstance(method.backends, str) or not method.backends or not set(method.backends) <= set(Backend):
+        raise ConfigError(f"{named('method')}: {type(method).__name__}.backends={method.backends!r} must list some "
+                          f"of {[b.value for b in Backend]}, those that can read its memory")
     if cfg.backend not in method.backends:
         raise ConfigError(f"backend={cfg.backend}: {named('method')} reads its memory with "
                           f"backend={' or '.join(method.backends)}")
     selfcheck.refuse_unsupported(BACKENDS[cfg.backend], model_config)
-    with refused("method", f"{type(method).__name__}.check"):
-        method.check_model(model_config)
-        method.check(num_layers(model_config))
+    checked_call("method", f"{type(method).__name__}.check_model", lambda: method.check_model(model_config))
+    checked_call("method", f"{type(method).__name__}.check", lambda: method.check(num_layers(model_config)))
     task = build(cfg.task, "task")
     if method.needs_targets and not getattr(task, "marks_targets", False):
         raise ConfigError(f"{named('method')} reads the fragments a task marks as holding the answer, and "
                           f"task {cfg.task._target_.rsplit('.', 1)[-1]} marks none: use a task that does "
                           f"(retention, distortion, longbench)")
-    with refused("task", f"{type(task).__name__}.check"):
-        task.check()
-    with refused("task", f"{type(task).__name__}.check_model"):
-        task.check_model(model_config, tokenizer)
+    checked_call("task", f"{type(task).__name__}.check", task.check)
+    checked_call("task", f"{type(task).__name__}.check_model", lambda: task.check_model(model_config, tokenizer))
     positions, budget = trained_window(model_config), answer_budget(task, cfg.max_new_tokens)
     if positions is not None and budget >= positions:
         asked = f"max_new_tokens={budget}" if budget == cfg.max_new_tokens else \
@@ -139,12 +145,11 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
     if unpaired:
         raise ConfigError(unpaired)
     compressor = build(cfg.compression, "compression")
-    with refused("compression", f"{type(compressor).__name__}.check"):
-        compressor.check()
+    checked_call("compression", f"{type(compressor).__name__}.check", compressor.check)
     with refused("task", f"{type(task).__name__}.groups"):
         found = checked(task.groups(tokenizer), task, "task", "groups")
+    check_groups(found)
     groups = shards.select(found, shard)
-    check_groups(groups)
     rate = getattr(compressor, "rate", 1.0)
     tokens = {text: kept_count(token_count(tokenizer, text), rate) for group in groups for text in group.texts()}
     longest = max(tokens.values(), default=0)
@@ -227,35 +232,59 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
                           formation_batch=cfg.formation_batch)
         session.expect(group.texts())
         start, answered = time.perf_counter(), []
-        try:
-            with window.watching(model):
-                for record in task.run_group(session, group):
-                    check_record(record, group.index)
-                    record.update(method=label, forgetting=cfg.forgetting.label, beyond_window=window.take())
-                    if not read_one:            # the run's first record, at once: can the task's metrics read it?
-                        read_one = check_first_record(task, record)
-                    folder.add(record)
-                    answered.append(record)
-        except (CapacityError, WindowError) as err:
-            raise ConfigError(f"group {group.index}: {err} (finished groups are kept in {run_dir})") from None
+        with kept_on_failure(run_dir, f"group {group.index}"), window.watching(model):
+            for record in task.run_group(session, group):
+                check_record(record, group.index)
+                record.update(method=label, forgetting=cfg.forgetting.label, beyond_window=window.take())
+                if not read_one:            # the run's first record, at once: can the task's metrics read it?
+                    read_one = check_first_record(task, record)
+                folder.add(record)
+                answered.append(record)
         folder.end_group(group.index, time.perf_counter() - start)
-        logger.log_group(answered, lambda: metrics_table(task, folder.records, label), len(folder.done))
+        with kept_on_failure(run_dir, f"the task's metrics after group {group.index}"):
+            logger.log_group(answered, lambda: metrics_table(task, folder.records, label), len(folder.done))
         compressed += [{"group": group.index, **log} for log in session.compressed]
-    records, group_seconds = folder.records, list(folder.done.values())
-    metrics = metrics_table(task, records, label)
-    info = {"method": label, "forgetting": cfg.forgetting.label, "capacity": forgetting.capacity,
-            "model": spec.name, "dtype": spec.dtype, "device": str(model.device), "self_check": verdict,
-            "backend": cfg.backend, "decode": cfg.decode or default_decode(model.device),
-            "formation_batch": cfg.formation_batch or default_formation_batch(model.device),
-            "reuse_formed": cfg.reuse_formed, "compression": compression_summary(compressor, compressed),
-            "task": task.describe(),
-            "formation": cfg.formation, "prompt": cfg.prompt, "groups": len(groups), "threads": torch.get_num_threads(),
-            "window": window_summary(window.limit, cfg.allow_beyond_window, records),
-            "seconds": {"total": sum(group_seconds), "per_group": sum(group_seconds) / len(groups),
-                        "phases": phase_totals(records)},
-            "peak_memory": peak_memory_mb(model.device)}
-    folder.finish(metrics, info)
+    with kept_on_failure(run_dir, "the run's metrics and run.json"):
+        records, group_seconds = folder.records, list(folder.done.values())
+        metrics = metrics_table(task, records, label)
+        info = {"method": label, "forgetting": cfg.forgetting.label, "capacity": forgetting.capacity,
+                "model": spec.name, "dtype": spec.dtype, "device": str(model.device), "self_check": verdict,
+                "backend": cfg.backend, "decode": cfg.decode or default_decode(model.device),
+                "formation_batch": cfg.formation_batch or default_formation_batch(model.device),
+                "reuse_formed": cfg.reuse_formed, "compression": compression_summary(compressor, compressed),
+                "task": task.describe(), "formation": cfg.formation, "prompt": cfg.prompt, "groups": len(groups),
+                "threads": torch.get_num_threads(),
+                "window": window_summary(window.limit, cfg.allow_beyond_window, records),
+                "seconds": {"total": sum(group_seconds), "per_group": sum(group_seconds) / len(groups),
+                            "phases": phase_totals(records)},
+                "peak_memory": peak_memory_mb(model.device)}
+        folder.finish(metrics, info)
+    (Path(run_dir) / TRACEBACK).unlink(missing_ok=True)          # an earlier attempt's, now resumed and finished
     return metrics, records, info
+
+
+TRACEBACK = "traceback.txt"
+
+
+@contextmanager
+def kept_on_failure(run_dir: str, where: str):
+    """Whatever a plugin (or the harness) raises while a run answers and scores, as one line saying where it
+    failed and that the finished groups are kept (a rerun resumes); the traceback goes to the run folder's
+    traceback.txt (MEMDEFRAG_DEBUG=1 raises it as it is)."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (CapacityError, WindowError) as err:
+        raise ConfigError(f"{where}: {err} (finished groups are kept in {run_dir})") from None
+    except Exception as err:  # noqa: BLE001 - a plugin may fail any way; one line, its traceback kept
+        if os.environ.get("MEMDEFRAG_DEBUG"):
+            raise
+        trace = Path(run_dir) / TRACEBACK
+        trace.write_text(traceback.format_exc())
+        said = " ".join(str(err).split())
+        raise ConfigError(f"{where}: {type(err).__name__}{': ' if said else ''}{said:.200} (finished groups are kept "
+                          f"in {run_dir}; the traceback is in {trace}, MEMDEFRAG_DEBUG=1 raises it)") from None
 
 
 def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
