@@ -91,6 +91,11 @@ def taken(plan, method, memory: LatentMemory) -> Plan:
     read as other fragments' ids, so a record would say the wrong fragments were read."""
     where = f"method {type(method).__name__}.plan"
     returned(plan, Plan, where, A_PLAN)
+    view = plan.latent
+    if isinstance(view, LatentMemory) and view is not memory and isinstance(memory, LatentMemory):
+        if view.sink is not memory.sink or not set(view.ids()) <= set(memory.ids()):      # a fragment may be cut
+            raise ConfigError(f"{where} returned a latent view that is not of the memory it was given: build it "
+                              f"from that memory at each question (memory.arranged(order), or the memory itself)")
     if plan.read is None:
         return plan
     held = memory.ids() if plan.latent is None else plan.latent.ids()

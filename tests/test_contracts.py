@@ -41,6 +41,20 @@ class ReadsIndices(Method):
         return Plan(latent=memory.arranged([newest]), read=[newest])
 
 
+class KeepsItsFirstView(Method):
+    """Reads, at every question, the view it made at its first: the first group's memory as it was then."""
+
+    def __init__(self):
+        self.view = None
+
+    def for_group(self, index):
+        return self
+
+    def plan(self, memory, prompt_ids, backend, question=None):
+        self.view = self.view or memory.arranged(list(range(len(memory))))
+        return Plan(latent=self.view)
+
+
 class GeneratedGroups(Retention):
     """`groups()` written as a generator."""
 
@@ -243,6 +257,20 @@ def test_a_plugin_failing_mid_run_is_one_line_its_traceback_kept_and_the_finishe
     assert line == (f"memdefrag: error: group 1: KeyError: 'tracer' (finished groups are kept in {run}; the "
                     f"traceback is in {run / 'traceback.txt'}, MEMDEFRAG_DEBUG=1 raises it)")
     assert "in plan" in (run / "traceback.txt").read_text()
+    assert [json.loads(row)["group"] for row in (run / "groups.jsonl").read_text().splitlines()] == [0]
+
+
+def test_a_plan_reading_another_memory_than_its_own_is_refused_at_that_question(tiny_checkpoint, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """The second group's first question: the view kept from the first group is of another memory (its answers
+    would read it silently); the first group is kept."""
+    run = tmp_path / "run"
+    err = refusal(["memdefrag", *tiny_overrides(tiny_checkpoint), "task.groups=2", "task.updates=2", "method=vanilla",
+                   "method._target_=tests.test_contracts.KeepsItsFirstView", f"hydra.run.dir={run}"], monkeypatch,
+                  capsys)
+    assert err.strip().splitlines()[-1] == ("memdefrag: error: method KeepsItsFirstView.plan returned a latent view "
+                                            "that is not of the memory it was given: build it from that memory at "
+                                            "each question (memory.arranged(order), or the memory itself)")
     assert [json.loads(row)["group"] for row in (run / "groups.jsonl").read_text().splitlines()] == [0]
 
 
