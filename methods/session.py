@@ -17,7 +17,7 @@ from methods.base import Method, Question, taken
 from methods.compression.compressor import Compression, NoCompression
 from methods.forgetting import Forgetting, NoForgetting, pairing_refusal
 from methods.formation import Former, default_formation_batch, formation_header
-from methods.errors import one_of, whole_number
+from methods.errors import ConfigError, one_of, whole_number
 from methods.generation import Decode, clock, default_decode, greedy, stop_ids
 from methods.memory import LatentMemory
 from methods.phase_peaks import PeakWatch
@@ -126,6 +126,16 @@ class Session:
         prompt_template(self.tokenizer, prompt)
         whole_number("max_new_tokens", max_new_tokens)
 
+    def _check_kept(self, kept, before: int) -> None:
+        """What a compressor kept of a text of `before` tokens: a non-empty list of at most that many of the
+        model's token ids (else one line naming the compressor, before the fragment's forward)."""
+        vocabulary = self.model.get_input_embeddings().num_embeddings
+        ids = isinstance(kept, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in kept)
+        if not ids or not kept or len(kept) > before or not all(0 <= i < vocabulary for i in kept):
+            raise ConfigError(f"compression {type(self.compressor).__name__} returned {kept!r:.80} for a text of "
+                              f"{before} tokens: it must return a non-empty list of at most {before} token ids in "
+                              f"0..{vocabulary - 1} (or None to keep the text whole)")
+
     @property
     def memory(self) -> LatentMemory:
         return self._memory
@@ -168,6 +178,7 @@ class Session:
         peaks.end("compression")
         if kept is not None:
             before = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            self._check_kept(kept, before)
             self.compressed.append({"tokens": before, "kept": len(kept), "seconds": compressed - start})
             text = self.tokenizer.decode(kept)
         fragment = self.former.next_fragment(self.memory, text, reuse, kept)

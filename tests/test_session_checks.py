@@ -4,6 +4,7 @@ and a memory handed to it that it would not have formed (tests/test_bad_input.py
 import pytest
 
 from methods.backends.hidden_prefix import HiddenPrefixBackend
+from methods.compression.compressor import Compression
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.baselines import TextMemory, Vanilla
 from methods.forgetting import CapacityError, Informativeness, RandomLayerwise
@@ -134,3 +135,23 @@ def test_a_memory_forgotten_per_layer_has_no_text_to_read(llama, tokenizer):
 def test_a_question_that_reads_no_token_is_one_line(llama, tokenizer):
     with pytest.raises(ValueError, match="Session.ask: the question '' in prompt 'raw' reads no token"):
         stored(llama, tokenizer).ask("", prompt="raw")
+
+
+class Returns(Compression):
+    """A compressor that returns what it is given, whatever the text."""
+
+    def __init__(self, kept):
+        super().__init__()
+        self.kept = kept
+
+    def compress(self, text, model, tokenizer):
+        return self.kept
+
+
+@pytest.mark.parametrize("kept", [[10**6], [-1], [], "the text", [1.5], list(range(40))])
+def test_a_compressor_returning_what_no_fragment_can_be_formed_of_is_one_line(kept, llama, tokenizer):
+    made = session(llama, tokenizer, compressor=Returns(kept))
+    with pytest.raises(ValueError, match=r"^compression Returns returned .* for a text of 22 tokens: it must return a "
+                                         r"non-empty list of at most 22 token ids in 0\.\.\d+ \(or None"):
+        made.store(FRAGMENTS[0])
+    assert made.memory.sink is None
