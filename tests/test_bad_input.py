@@ -268,6 +268,9 @@ CASES = [
     (["-m", "method=vanilla,memdefrag", "model.tracer_layer=40"], "method.tracer_layer=40 is out of range: this "
      "model has 30 decoder layers, allowed the integers 0..29 (job method=memdefrag model.tracer_layer=40"),
     (["-m", "method.k=1,0"], "method.k=0 is not allowed"),
+    (["-m", "method=vanilla,text", "method.label=mine"], "method.label='mine' names 2 method classes in this sweep "
+     "(methods.baselines.TextMemory, methods.baselines.Vanilla), whose runs the tables would pool: give each its own "
+     "label"),
     (["-m", "method=vanilla,nosuch"], "Could not find 'method/nosuch'"),
     (["experiment=main", "task.groups=ten"], "task.groups: Value 'ten'"),
     (["-m", "shard=0/2,1/2", "task.groups=1"], "shard=1/2 selects none of the 1 groups: split them into at most 1 "

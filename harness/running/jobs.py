@@ -25,6 +25,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from harness.errors import ConfigError
 from harness.results.paths import writable_folder
+from harness.plugins.contracts import LABELLED
 from harness.running.runner import check_given, preflight
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -164,6 +165,7 @@ def check_jobs(config_name: str, args: list[str]) -> None:
             return
         line = job_overrides(config_name, args)
         jobs = line.jobs
+        named: dict[tuple[str, str], set[str]] = {}      # (kind, label) -> the classes the sweep gives it to
         for job in jobs:
             cfg = line.composed if jobs == [line.lines] else composed(config_name, job, hydra=True)
             choices = dict(cfg.hydra.runtime.choices)
@@ -173,6 +175,13 @@ def check_jobs(config_name: str, args: list[str]) -> None:
                 preflight(cfg, choices)
             except ConfigError as err:
                 raise ConfigError(f"{err} (job {' '.join(job)})" if len(jobs) > 1 else str(err)) from None
+            for kind in LABELLED:
+                named.setdefault((kind, cfg[kind].label), set()).add(cfg[kind]._target_)
+        for (kind, label), targets in named.items():
+            if len(targets) > 1:
+                raise ConfigError(f"{kind}.label={label!r} names {len(targets)} {kind} classes in this sweep "
+                                  f"({', '.join(sorted(targets))}), whose runs the tables would pool: give each its "
+                                  f"own label")
 
 
 def check_informational(config_name: str, args: list[str]) -> None:
