@@ -69,7 +69,8 @@ def options(cls: type) -> list[tuple[str, Any, dataclasses.Field]]:
         default = MISSING if parameter.default is inspect.Parameter.empty else parameter.default
         default = dataclasses.field(default_factory=lambda d=default: list(d)) if isinstance(default, list) \
             else dataclasses.field(default=default)
-        fields.append((name, option_type(hints.get(name, Any)), default))
+        unannotated = type(parameter.default) if type(parameter.default) in (bool, int, float, str) else Any
+        fields.append((name, option_type(hints.get(name, unannotated)), default))     # no annotation: the default's
     return fields
 
 

@@ -26,6 +26,16 @@ class RecencyWindow(Method):
         return Plan(latent=memory)
 
 
+class UnannotatedWindow(Method):
+    """An option without an annotation: its default's type is its type."""
+
+    def __init__(self, window=2):
+        self.window = window
+
+    def plan(self, memory, prompt_ids, backend, question=None):
+        return Plan(latent=memory)
+
+
 class Budgeted(Method):
     """Refuses its own option, naming it: the message is shown as it is, not prefixed twice."""
 
@@ -200,6 +210,29 @@ def test_a_yaml_whose_target_names_no_class_is_one_line_naming_the_file(target, 
         schema.check_names()
     assert str(refused.value).startswith(f"conf/method/recency_window.yaml: _target_={target} cannot be loaded "
                                          f"({cause}")
+
+
+@pytest.mark.parametrize("value, accepted", [("3", True), ("two", False), ("1.5", False)])
+def test_an_option_without_an_annotation_takes_its_default_s_type(value, accepted, tmp_path, monkeypatch):
+    from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException
+    from omegaconf.errors import ValidationError
+
+    from conf import schema
+
+    (tmp_path / "conf" / "method").mkdir(parents=True)
+    (tmp_path / "conf" / "method" / "unannotated_window.yaml").write_text(
+        f"defaults:\n  - unannotated_window_schema\n  - _self_\n\n_target_: {__name__}.UnannotatedWindow\n"
+        f"label: unannotated\n")
+    schema.register_file(tmp_path / "conf" / "method" / "unannotated_window.yaml")
+    overrides = ["method=unannotated_window", f"method.window={value}", f"hydra.searchpath=[file://{tmp_path}/conf]"]
+    with initialize_config_module("conf", version_base="1.3"):
+        if accepted:
+            assert compose("config", overrides=overrides).method.window == int(value)
+        else:
+            with pytest.raises((HydraException, ValidationError), match=f"override method.window={value}") as bad:
+                compose("config", overrides=overrides)
+            assert "could not be converted to Integer" in str(bad.value.__cause__)
 
 
 def test_a_plugin_of_several_words_is_named_by_its_yaml_in_its_schema_and_its_report_command(tmp_path, monkeypatch):
