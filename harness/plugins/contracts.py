@@ -241,7 +241,9 @@ def check_record(record, group: int, what: str = "task") -> None:
     for field, (kinds, how) in RECORD_FIELDS.items():
         value = record.get(field)
         if field in record and (not isinstance(value, kinds) or field != "correct" and isinstance(value, bool)):
-            raise ConfigError(f"{what}: run_group yielded a record with {field}={value!r} (a {type(value).__name__}) "
+            kind = type(value).__name__ if type(value).__module__ == "builtins" else \
+                f"{type(value).__module__}.{type(value).__name__}"           # numpy's bool is no bool
+            raise ConfigError(f"{what}: run_group yielded a record with {field}={value!r} (a {kind}) "
                               f"in group {group}; `{field}` must be {how}")
     try:
         json.dumps(record)
