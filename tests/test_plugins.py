@@ -175,20 +175,27 @@ def test_every_shipped_plugin_keeps_its_contract(kind):
             build(cfg[kind], kind)
 
 
-def test_a_yaml_that_extends_its_schema_under_another_name_is_refused_naming_the_expected_one(tmp_path, monkeypatch):
+def names_refused(tmp_path, monkeypatch, extends: str, target: str) -> str:
+    """What check_names says of a conf/ holding method/recency_window.yaml extending `extends`, of `target`."""
     from conf import schema
 
     (tmp_path / "conf" / "method").mkdir(parents=True)
     (tmp_path / "conf" / "method" / "recency_window.yaml").write_text(
-        f"defaults:\n  - recency_schema\n  - _self_\n\n_target_: {__name__}.RecencyWindow\nlabel: recency\n")
+        f"defaults:\n  - {extends}\n  - _self_\n\n_target_: {target}\nlabel: recency\n")
     monkeypatch.setattr(schema, "CONF", tmp_path / "conf")
     monkeypatch.setattr(schema, "MISNAMED", {})
+    monkeypatch.setattr(schema, "UNLOADABLE", {})
     schema.register()
     with pytest.raises(ConfigError) as refused:
         schema.check_names()
-    assert str(refused.value) == ("conf/method/recency_window.yaml extends recency_schema, but its schema is named "
-                                  "recency_window_schema (the file's name + _schema) or after its _target_'s class: "
-                                  "write `defaults: [recency_window_schema, _self_]`")
+    return str(refused.value)
+
+
+def test_a_yaml_that_extends_its_schema_under_another_name_is_refused_naming_the_expected_one(tmp_path, monkeypatch):
+    said = names_refused(tmp_path, monkeypatch, "recency_schema", f"{__name__}.RecencyWindow")
+    assert said == ("conf/method/recency_window.yaml extends recency_schema, but its schema is named "
+                    "recency_window_schema (the file's name + _schema) or after its _target_'s class: write "
+                    "`defaults: [recency_window_schema, _self_]`")
 
 
 @pytest.mark.parametrize("target, cause", [
@@ -198,18 +205,8 @@ def test_a_yaml_that_extends_its_schema_under_another_name_is_refused_naming_the
 def test_a_yaml_whose_target_names_no_class_is_one_line_naming_the_file(target, cause, tmp_path, monkeypatch):
     """A typo in a plugin's _target_ (every YAML of conf/ is read as the package imports) is the file named in one
     line when a command starts, not a traceback out of every command."""
-    from conf import schema
-
-    (tmp_path / "conf" / "method").mkdir(parents=True)
-    (tmp_path / "conf" / "method" / "recency_window.yaml").write_text(
-        f"defaults:\n  - recency_window_schema\n  - _self_\n\n_target_: {target}\nlabel: recency\n")
-    monkeypatch.setattr(schema, "CONF", tmp_path / "conf")
-    monkeypatch.setattr(schema, "UNLOADABLE", {})
-    schema.register()
-    with pytest.raises(ConfigError) as refused:
-        schema.check_names()
-    assert str(refused.value).startswith(f"conf/method/recency_window.yaml: _target_={target} cannot be loaded "
-                                         f"({cause}")
+    said = names_refused(tmp_path, monkeypatch, "recency_window_schema", target)
+    assert said.startswith(f"conf/method/recency_window.yaml: _target_={target} cannot be loaded ({cause}")
 
 
 @pytest.mark.parametrize("value, accepted", [("3", True), ("two", False), ("1.5", False)])
