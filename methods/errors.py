@@ -38,3 +38,13 @@ def returned(value, expected: type, where: str, how: str) -> None:
     for a Plan), naming the member (`where`), what it returned and `how` to give what is expected."""
     if not isinstance(value, expected):
         raise ConfigError(f"{where} returned a {type(value).__name__}; it must return {how}")
+
+
+def given(name: str, value, kind: type | tuple[type, ...]) -> None:
+    """A library argument is an instance of `kind` (a class itself is not one): anything else is one TypeError
+    naming it, before any forward."""
+    if not isinstance(value, kind):
+        kinds = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        got = f"the class {value.__name__} itself (make one: {value.__name__}(...))" if isinstance(value, type) \
+            else f"{type(value).__name__} ({value!r:.60})"
+        raise TypeError(f"{name} must be a {kinds}, not {got}")

@@ -145,14 +145,14 @@ class Former:
 
     @property
     def stamp(self) -> str:
-        """What the memories this former forms are formed by (LatentMemory.formed_by): the model (its type, name,
-        layers, width and dtype) and the formation, with the header a shared prefix forms behind."""
+        """What the memories this former forms are formed by (LatentMemory.formed_by): the model's kind and shape
+        (type, layers, width, vocabulary, dtype: not its path, which differs from machine to machine for the same
+        model) and the formation, with the header a shared prefix forms behind."""
         config = self.model.config.get_text_config()
-        name = getattr(self.model.config, "name_or_path", "") or "(unnamed)"
         behind = f" behind a header of {len(self.header)} ids" if self.header else ""
-        return (f"model {config.model_type} {name} ({config.num_hidden_layers} layers, hidden "
-                f"{getattr(config, 'hidden_size', '?')}, {str(self.model.dtype).removeprefix('torch.')}), "
-                f"formation {self.formation}{behind}")
+        return (f"a {config.model_type} model ({config.num_hidden_layers} layers, hidden "
+                f"{getattr(config, 'hidden_size', '?')}, vocabulary {getattr(config, 'vocab_size', '?')}, "
+                f"{str(self.model.dtype).removeprefix('torch.')}), formation {self.formation}{behind}")
 
     def adopt(self, memory: LatentMemory) -> None:
         """Take a memory formed elsewhere (a session's memory assigned, or loaded): refused (ValueError, naming
@@ -164,11 +164,10 @@ class Former:
             if kept and memory.sink is not None and getattr(memory.sink, name) is None:
                 raise ValueError(f"this memory was formed without '{name}', which this session's backend reads: "
                                  f"form it with this backend")
-        if self.keep_self_info:
-            blind = next((f.fid for f in memory.fragments if bool(torch.isinf(f.self_info).all())), None)
-            if blind is not None:
-                raise ValueError(f"fragment {blind} of this memory has no self-information (formed with no "
-                                 f"forgetting that reads it), which this session's forgetting ranks tokens by")
+        if self.keep_self_info and memory.fragments and all(bool(torch.isinf(f.self_info).all())
+                                                             for f in memory.fragments):
+            raise ValueError("this memory has no self-information (formed with no forgetting that reads it), which "
+                             "this session's forgetting ranks tokens by")    # one fragment may be all inf: one token
         self._next_id = max([self._next_id, *(f.fid + 1 for f in memory.fragments)])
 
     def token_ids(self, text: str, first: bool, kept: list[int] | None = None) -> torch.Tensor:

@@ -17,7 +17,7 @@ from methods.base import Method, Question, taken
 from methods.compression.compressor import Compression, NoCompression
 from methods.forgetting import Forgetting, NoForgetting, pairing_refusal
 from methods.formation import Former, default_formation_batch, formation_header
-from methods.errors import ConfigError, one_of, whole_number
+from methods.errors import ConfigError, given, one_of, whole_number
 from methods.generation import Decode, clock, default_decode, greedy, stop_ids
 from methods.memory import LatentMemory
 from methods.phase_peaks import PeakWatch
@@ -52,16 +52,6 @@ class Answer:
     def peaks(self) -> dict:
         """For a record: the phases that raised the device's peak, where any did (on a GPU)."""
         return {"peak_mb": self.peak_mb} if self.peak_mb else {}
-
-
-def given(name: str, value, kind: type | tuple[type, ...]) -> None:
-    """A library argument is an instance of `kind` (a class itself is not one): anything else is one TypeError
-    naming it, before any forward."""
-    if not isinstance(value, kind):
-        kinds = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        got = f"the class {value.__name__} itself (make one: {value.__name__}(...))" if isinstance(value, type) \
-            else f"{type(value).__name__} ({value!r:.60})"
-        raise TypeError(f"{name} must be a {kinds}, not {got}")
 
 
 class Session:
@@ -105,10 +95,11 @@ class Session:
         """What the runner's preflight checks, for a library user, as the session is made: each part an instance
         of its kind, the backend built on this model and able to hold it, the method's layers, the forgetting
         able to serve the method, the prompt style and the answer budget (one line each)."""
-        for name, value, kind in (("method", self.method, Method), ("forgetting", forgetting, (Forgetting,
-                                  NoForgetting, type(None))), ("compressor", compressor, (Compression, type(None))),
-                                  ("window", window, (Window, type(None)))):
-            given(f"Session: {name}", value, kind)
+        for name, value in (("method", self.method), ("forgetting", forgetting), ("compressor", compressor)):
+            if isinstance(value, type):                       # any object with its kind's members, but a class
+                raise TypeError(f"Session: {name} must be an instance, not the class {value.__name__} itself "
+                                f"(make one: {value.__name__}(...))")
+        given("Session: window", window, (Window, type(None)))
         if getattr(self.backend, "model", None) is not self.model:
             raise ValueError(f"Session: backend {self.backend!r:.80} is not built on this session's model: pass "
                              f"KVPrefixBackend(model) or HiddenPrefixBackend(model), with the session's model")
@@ -165,8 +156,8 @@ class Session:
             try:
                 return self._store(text, reuse)
             except Exception:
-                if first and not self.method.keeps_own_memory:     # a failed first store leaves no sink behind
-                    self.memory.sink = None
+                if first and not self.method.keeps_own_memory:     # a failed first store leaves no memory behind
+                    self.memory.sink, self.memory.fragments, self.memory.formed_by = None, [], None
                 raise
 
     def _store(self, text: str, reuse: bool) -> int:

@@ -26,10 +26,10 @@ def stored(model, tokenizer, **kwargs) -> Session:
 
 
 PARTS = {
-    "a method class": (dict(method=Vanilla), TypeError, "Session: method must be a Method, not the class Vanilla "
+    "a method class": (dict(method=Vanilla), TypeError, "Session: method must be an instance, not the class Vanilla "
                                                         "itself (make one: Vanilla(...))"),
-    "a forgetting class": (dict(forgetting=Informativeness), TypeError, "Session: forgetting must be a Forgetting "
-                                                                        "or NoForgetting or NoneType, not the class"),
+    "a forgetting class": (dict(forgetting=Informativeness), TypeError, "Session: forgetting must be an instance, not "
+                                                                        "the class Informativeness itself"),
     "a window of a number": (dict(window=512), TypeError, "Session: window must be a Window or NoneType, not int"),
     "no answer budget": (dict(max_new_tokens=0), ValueError, "max_new_tokens=0 must be an integer >= 1"),
     "a budget of a fraction": (dict(max_new_tokens=2.5), ValueError, "max_new_tokens=2.5 must be an integer >= 1"),
@@ -81,13 +81,13 @@ def test_store_all_of_one_string_is_refused_not_stored_letter_by_letter(llama, t
 
 def test_a_memory_formed_by_another_model_or_formation_is_refused_naming_both(llama, tokenizer):
     deeper = stored(tiny_model("llama", num_hidden_layers=5), tokenizer).memory
-    with pytest.raises(ValueError, match=r"this memory was formed by model llama \(unnamed\) \(5 layers, hidden "
-                                         r"\d+, float32\), formation shared_sink; this session forms by model llama "
-                                         r"\(unnamed\) \(\d layers"):
+    with pytest.raises(ValueError, match=r"this memory was formed by a llama model \(5 layers, hidden \d+, "
+                                         r"vocabulary \d+, float32\), formation shared_sink; this session forms by a "
+                                         r"llama model \(\d layers"):
         session(llama, tokenizer).memory = deeper
     with pytest.raises(ValueError, match="formation own_bos; this session forms by .* formation shared_sink"):
         session(llama, tokenizer).memory = stored(llama, tokenizer, formation="own_bos").memory
-    with pytest.raises(ValueError, match="formed by model gemma2"):
+    with pytest.raises(ValueError, match="formed by a gemma2 model"):
         session(llama, tokenizer).memory = stored(tiny_model("gemma2"), tokenizer).memory
 
 
@@ -95,7 +95,7 @@ def test_a_memory_lacking_what_the_session_reads_is_refused(llama, tokenizer):
     fast = stored(llama, tokenizer).memory
     with pytest.raises(ValueError, match="formed without 'states', which this session's backend reads"):
         session(llama, tokenizer, backend=HiddenPrefixBackend).memory = fast
-    with pytest.raises(ValueError, match="fragment 0 of this memory has no self-information"):
+    with pytest.raises(ValueError, match="this memory has no self-information"):
         session(llama, tokenizer, forgetting=Informativeness(200)).memory = fast
     with pytest.raises(TypeError, match="Session.memory must be a LatentMemory, not NoneType"):
         session(llama, tokenizer).memory = None
@@ -112,7 +112,7 @@ def test_a_memory_handed_over_or_loaded_is_read_and_grown_with_ids_of_its_own(ll
     reader.memory = loaded
     assert reader.ask("where did the cat sit?").text == first.ask("where did the cat sit?").text
     assert reader.store("one more fragment") == 3 and reader.memory.ids() == [0, 1, 2, 3]
-    with pytest.raises(ValueError, match="formed by model llama .* this session forms by model llama .*5 layers"):
+    with pytest.raises(ValueError, match="formed by a llama model .* this session forms by a llama model .5 layers"):
         session(tiny_model("llama", num_hidden_layers=5), tokenizer).memory = LatentMemory.load(tmp_path / "memory.pt")
 
 
@@ -155,3 +155,31 @@ def test_a_compressor_returning_what_no_fragment_can_be_formed_of_is_one_line(ke
                                          r"non-empty list of at most 22 token ids in 0\.\.\d+ \(or None"):
         made.store(FRAGMENTS[0])
     assert made.memory.sink is None
+
+
+def test_a_memory_of_the_same_model_elsewhere_and_one_formed_to_be_forgotten_are_taken(llama, tokenizer):
+    """The stamp is the model's kind and shape, not its path (another machine's cache); a memory formed under
+    informativeness forgetting, some of whose fragments hold no finite self-information (one token left, its
+    first under the reference formation), serves a session that forgets by it."""
+    first = session(llama, tokenizer, formation="reference", forgetting=Informativeness(70))
+    first.store_all(FRAGMENTS)
+    assert any(bool(f.self_info.isinf().all()) for f in first.memory.fragments)
+    other = tiny_model("llama")
+    other.config.name_or_path = "/elsewhere/the-same-model"
+    reader = session(other, tokenizer, formation="reference", forgetting=Informativeness(70))
+    reader.memory = first.memory
+    assert reader.store("one more fragment") == len(FRAGMENTS)
+
+
+def test_a_part_need_not_subclass_its_kind(llama, tokenizer):
+    """contracts.py's kinds are members, not base classes: a forgetting written from scratch serves a session."""
+    class KeepsAll:
+        capacity, layerwise, needs_self_info = None, False, False
+
+        def admit(self, memory, fragment):
+            memory.append(fragment)
+            return 0
+
+    made = session(llama, tokenizer, forgetting=KeepsAll())
+    made.store_all(FRAGMENTS[:2])
+    assert made.memory.ids() == [0, 1]

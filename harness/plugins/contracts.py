@@ -206,7 +206,8 @@ def prompt_positions(task, tokenizer, run_style: str, header: list[int], questio
 
 def check_groups(groups: list, what: str = "task") -> None:
     """Refuse a task whose groups lack what the runner reads of them: at least one group, each with an integer
-    `index` of its own and `texts()`, taken with no arguments, listing the non-empty strings it stores."""
+    `index` of its own and `texts()`, taken with no arguments, listing the non-empty strings it stores (a blank
+    one, such as a chunk holding only a newline, is a token like any other)."""
     if not groups:
         raise ConfigError(f"{what}: groups() gave no group: a run needs at least one")
     seen = set()
@@ -226,7 +227,7 @@ def check_groups(groups: list, what: str = "task") -> None:
             raise ConfigError(f"{what}: its group {type(group).__name__} needs `texts()`, taking no arguments, "
                               f"that lists the texts it stores (forgetting checks each fits its capacity)") from None
         stored = texts()
-        if not isinstance(stored, (list, tuple)) or not all(isinstance(text, str) and text.strip() for text in stored):
+        if not isinstance(stored, (list, tuple)) or not all(isinstance(text, str) and text for text in stored):
             raise ConfigError(f"{what}: group {index}'s texts() gave {stored!r:.80}; it must list the non-empty "
                               f"strings the group stores, one per fragment")
 

@@ -24,8 +24,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from harness.errors import ConfigError
-from harness.results.paths import writable_folder
 from harness.plugins.contracts import LABELLED
+from harness.results.paths import writable_folder
 from harness.running.runner import check_given, preflight
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

@@ -208,6 +208,9 @@ def compression_summary(compressor, logs: list[dict]) -> dict:
             "per_fragment": logs}
 
 
+TRACEBACK = "traceback.txt"          # a run folder's: what a run that stopped on a plugin's error raised
+
+
 def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgetting, compressor, groups,
                 run_dir: str):
     """Answer every group the folder does not hold yet, each logged as it ends; write the metrics and run.json.
@@ -226,13 +229,13 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
     read_one = False
     for group in tqdm([g for g in groups if g.index not in folder.done], desc=f"{label} groups", unit="group",
                       initial=len(folder.done), total=len(groups)):
-        session = Session(model, tokenizer, backend, method.for_group(group.index), cfg.formation, cfg.prompt,
-                          cfg.max_new_tokens, reuse=formed, forgetting=forgetting.for_group(group.index),
-                          compressor=compressor, memory_on=cfg.memory_on, window=window, decode=cfg.decode,
-                          formation_batch=cfg.formation_batch)
-        session.expect(group.texts())
         start, answered = time.perf_counter(), []
         with kept_on_failure(run_dir, f"group {group.index}"), window.watching(model):
+            session = Session(model, tokenizer, backend, method.for_group(group.index), cfg.formation, cfg.prompt,
+                              cfg.max_new_tokens, reuse=formed, forgetting=forgetting.for_group(group.index),
+                              compressor=compressor, memory_on=cfg.memory_on, window=window, decode=cfg.decode,
+                              formation_batch=cfg.formation_batch)
+            session.expect(group.texts())
             for record in task.run_group(session, group):
                 check_record(record, group.index)
                 record.update(method=label, forgetting=cfg.forgetting.label, beyond_window=window.take())
@@ -241,7 +244,7 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
                 folder.add(record)
                 answered.append(record)
         folder.end_group(group.index, time.perf_counter() - start)
-        with kept_on_failure(run_dir, f"the task's metrics after group {group.index}"):
+        with kept_on_failure(run_dir, f"logging group {group.index} (its metrics, the logger)"):
             logger.log_group(answered, lambda: metrics_table(task, folder.records, label), len(folder.done))
         compressed += [{"group": group.index, **log} for log in session.compressed]
     with kept_on_failure(run_dir, "the run's metrics and run.json"):
@@ -263,9 +266,6 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
     return metrics, records, info
 
 
-TRACEBACK = "traceback.txt"
-
-
 @contextmanager
 def kept_on_failure(run_dir: str, where: str):
     """Whatever a plugin (or the harness) raises while a run answers and scores, as one line saying where it
@@ -281,10 +281,14 @@ def kept_on_failure(run_dir: str, where: str):
         if os.environ.get("MEMDEFRAG_DEBUG"):
             raise
         trace = Path(run_dir) / TRACEBACK
-        trace.write_text(traceback.format_exc())
+        try:
+            trace.write_text(traceback.format_exc())
+            kept = f"the traceback is in {trace}"
+        except OSError as unwritten:
+            kept = f"the traceback could not be written ({unwritten.strerror})"
         said = " ".join(str(err).split())
         raise ConfigError(f"{where}: {type(err).__name__}{': ' if said else ''}{said:.200} (finished groups are kept "
-                          f"in {run_dir}; the traceback is in {trace}, MEMDEFRAG_DEBUG=1 raises it)") from None
+                          f"in {run_dir}; {kept}, MEMDEFRAG_DEBUG=1 raises it)") from None
 
 
 def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
