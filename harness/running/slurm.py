@@ -137,6 +137,16 @@ class Requeue(SignalHandler):
         return super().has_timed_out() and finished_groups(self.groups) <= self.before
 
     def checkpoint_and_try_requeue(self, signum: int, frame=None) -> None:
+        """The signal, handled between two steps of the run, which may be writing a log file's line: a record
+        submitit logs here to that file is then dropped (logging.raiseExceptions off), not a reentrant-flush
+        traceback in the job's log, whose dumped record read as one more signal."""
+        raising, logging.raiseExceptions = logging.raiseExceptions, False
+        try:
+            self._checkpoint_and_try_requeue(signum, frame)
+        finally:
+            logging.raiseExceptions = raising
+
+    def _checkpoint_and_try_requeue(self, signum: int, frame=None) -> None:
         if self.has_timed_out():
             raise TimeLimit(f"SLURM signalled the time limit before a group finished (hydra.launcher.timeout_min="
                             f"{self.params['timeout_min']}, less hydra.launcher.signal_delay_s="
