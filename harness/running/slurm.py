@@ -166,8 +166,7 @@ class Requeue(SignalHandler):
 def requeueing(handler: Requeue, signum: int) -> Iterator[None]:
     """SLURM's signal goes to `handler` while the run runs, and is only logged once it has returned: the try's
     work is done and submitit is writing its result, which the waiting sweep reads as the job's end, so a requeue
-    then would run the ended run again behind the sweep's back (the likeliest reading of a CI run whose job caught
-    one signal more than it had tries that resumed)."""
+    then would run the ended run again behind the sweep's back."""
     signal.signal(signum, handler.checkpoint_and_try_requeue)
     try:
         yield
