@@ -135,6 +135,11 @@ class OneBackendString(Method):
     backends = "fast"
 
 
+class DescribesWithASet(Retention):
+    def describe(self):
+        return {"subsets": {"a", "b"}}
+
+
 class NoGroups(Retention):
     def groups(self, tokenizer):
         return []
@@ -208,6 +213,9 @@ CASES = {  # attempt -> (overrides, the one line), each on the tiny checkpoint
     "backends as one string": (["method=vanilla", "method._target_=tests.test_contracts.OneBackendString"],
                                "method=vanilla: OneBackendString.backends='fast' must list some of"),
     "no group": (["task._target_=tests.test_contracts.NoGroups"], "task: groups() gave no group"),
+    "describe of a set": (["task._target_=tests.test_contracts.DescribesWithASet"],
+                          "task DescribesWithASet.describe returned what run.json cannot hold (Object of type set is "
+                          "not JSON serializable): a dict of plain values"),
     "two groups of one index": (["task._target_=tests.test_contracts.TwiceIndexed"],
                                 "task: two of its groups have index 0; each group's index is its own"),
     "texts as one string": (["task._target_=tests.test_contracts.TextAsOneString"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -149,6 +150,13 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
     with refused("task", f"{type(task).__name__}.groups"):
         found = checked(task.groups(tokenizer), task, "task", "groups")
     check_groups(found)
+    with refused("task", f"{type(task).__name__}.describe"):
+        described = checked(task.describe(), task, "task", "describe")     # what groups() found, for run.json
+    try:
+        json.dumps(described)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"task {type(task).__name__}.describe returned what run.json cannot hold ({err}): a dict "
+                          f"of plain values") from None
     groups = shards.select(found, shard)
     rate = getattr(compressor, "rate", 1.0)
     tokens = {text: kept_count(token_count(tokenizer, text), rate) for group in groups for text in group.texts()}
