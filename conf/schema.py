@@ -27,7 +27,7 @@ import yaml
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, SI, OmegaConf
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, raised
 from harness.models.loading import ModelSpec
 from harness.plugins.contracts import LABELLED, locate_class
 from harness.results.folder import folder_name
@@ -138,8 +138,7 @@ def register_file(path: Path) -> None:
     try:
         name, node = plugin_schema(path.parent.name, config["_target_"])
     except Exception as err:  # noqa: BLE001 - an author's module may raise anything as it is imported
-        cause = " ".join(str(err).split()) or type(err).__name__
-        UNLOADABLE[path] = f"_target_={config['_target_']} cannot be loaded ({type(err).__name__}: {cause:.200})"
+        UNLOADABLE[path] = f"_target_={config['_target_']} cannot be loaded ({raised(err)})"
         return
     own = f"{path.stem}_schema"
     for stored in {name, own}:

@@ -21,6 +21,13 @@ def stops_on_config_error(prog: str):
         sys.exit(2)
 
 
+def raised(err: BaseException, limit: int = 200) -> str:
+    """What an exception raised, as one line: its type and its message, lines joined and cut at `limit`
+    characters (its type alone where it says nothing)."""
+    said = " ".join(str(err).split())
+    return f"{type(err).__name__}: {said[:limit]}" if said else type(err).__name__
+
+
 class OneLineParser(argparse.ArgumentParser):
     """An argument parser whose errors are one line and exit status 2, as every other bad input here."""
 

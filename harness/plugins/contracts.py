@@ -18,7 +18,7 @@ import yaml
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, raised
 from methods.base import A_PLAN, Plan
 from methods.errors import returned
 from methods.prompting import read_prompt
@@ -110,10 +110,8 @@ def refused(what: str, member: str = "") -> Iterator[None]:
     except Exception as err:  # noqa: BLE001 - an author's check may fail any way: one line, the traceback on request
         if os.environ.get("MEMDEFRAG_DEBUG"):
             raise
-        said = " ".join(str(err).split())
         cause = (f"cannot read {err.filename}: {err.strerror or type(err).__name__}"
-                 if isinstance(err, OSError) and err.filename else f"{type(err).__name__}{': ' if said else ''}"
-                                                                   f"{said:.200}")
+                 if isinstance(err, OSError) and err.filename else raised(err))
         raise ConfigError(f"{what} {member}: {cause} (a plugin's files and data are read before the run starts; "
                           f"raise ValueError naming what is wrong; MEMDEFRAG_DEBUG=1 shows the traceback)") from None
 

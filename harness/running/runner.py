@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from harness.models import selfcheck
 from harness.running import shards
-from harness.errors import ConfigError
+from harness.errors import ConfigError, raised
 from harness.running.formed import FormedFragments, Unkept
 from harness.models.loading import ModelSpec, check_source, load, one_line_cause
 from harness.plugins.contracts import (LABELLED, answer_budget, build, check_first_record, check_groups, check_record,
@@ -294,9 +294,8 @@ def kept_on_failure(run_dir: str, where: str):
             kept = f"the traceback is in {trace}"
         except OSError as unwritten:
             kept = f"the traceback could not be written ({unwritten.strerror})"
-        said = " ".join(str(err).split())
-        raise ConfigError(f"{where}: {type(err).__name__}{': ' if said else ''}{said:.200} (finished groups are kept "
-                          f"in {run_dir}; {kept}, MEMDEFRAG_DEBUG=1 raises it)") from None
+        raise ConfigError(f"{where}: {raised(err)} (finished groups are kept in {run_dir}; {kept}, MEMDEFRAG_DEBUG=1 "
+                          f"raises it)") from None
 
 
 def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
