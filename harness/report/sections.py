@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from evals.stats import bootstrap_mean, wilson, with_interval
 from harness.errors import ConfigError
 from harness.plugins.contracts import declared_tables
-from harness.results.folder import as_of_now, flattened, read_config, read_jsonl, read_run_info
+from harness.results.folder import as_of_now, complete_lines, flattened, read_config, read_jsonl, read_run_info
 from harness.results.summary import IMPLIED, complete_groups, run_folders, run_labels
 from methods.window import BEYOND_CELL, marked
 
@@ -77,7 +77,8 @@ def runs_under(root: Path) -> list[Run]:
         except (OSError, ValueError):                    # the config (a ConfigError) or run.json unreadable
             skipped.append(str(folder))
             continue
-        (runs if read_jsonl(folder / "predictions.jsonl") else unanswered).append(run)
+        answered = next(complete_lines(folder / "predictions.jsonl"), None) is not None     # its first record
+        (runs if answered else unanswered).append(run)
     if skipped:
         print(f"memdefrag report: left out {len(skipped)} run folders whose config.yaml or run.json cannot be read: "
               f"{', '.join(skipped)}", file=sys.stderr)

@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -343,17 +344,21 @@ def read_run_info(folder: Path) -> dict:
     return info
 
 
-def read_lines(path: Path) -> list[tuple[str, dict]]:
-    """(line, record) for each complete line of a JSONL file; a line cut short by a kill is skipped."""
-    rows = []
+def complete_lines(path: Path) -> Iterator[tuple[str, dict]]:
+    """(line, record) for each complete line of a JSONL file, parsed as they are taken; a line cut short by a kill
+    is skipped."""
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if path.exists() else []:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
         if isinstance(record, dict):
-            rows.append((line, record))
-    return rows
+            yield line, record
+
+
+def read_lines(path: Path) -> list[tuple[str, dict]]:
+    """(line, record) for each complete line of a JSONL file."""
+    return list(complete_lines(path))
 
 
 def read_jsonl(path: Path) -> list[dict]:
