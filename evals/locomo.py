@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -230,8 +231,7 @@ def validated(samples, where: str) -> list[dict]:
             _need(isinstance(item.get("evidence", []), list)
                   and all(isinstance(e, str) for e in item.get("evidence", [])), at,
                   f"{here}.evidence must be a list of turn ids such as 'D3:12'")
-    ids = [sample["sample_id"] for sample in samples]
-    twice = sorted({i for i in ids if ids.count(i) > 1})
+    twice = sorted(i for i, n in Counter(sample["sample_id"] for sample in samples).items() if n > 1)
     _need(not twice, where, f"sample_id {twice[0] if twice else ''!r} is given to more than one sample (each "
                             f"conversation's id is its own: the bootstrap's clusters and the claims' keys)")
     return samples
