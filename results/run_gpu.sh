@@ -10,9 +10,10 @@
 #               others stand), each with its kernels ranked
 #   peers       the peers' time to first token at N_max (tab:peers)
 #   runtime     the paper's tab:runtime (a 50-update group, vanilla, Top-1 and Top-2, informativeness forgetting,
-#               asked at 10..50) through the harness on a saved random checkpoint; Top-2 also with solo formation
-#   gpu_memory  tab:gpu-memory (step 50, memory full at N_max); Top-2 also on the paper's own formulation
-#               (backend=hidden_prefix) and with batched formation
+#               asked at 10..50) through the harness on a saved random checkpoint
+#   gpu_memory  tab:gpu-memory (step 50, memory full at N_max: none, vanilla and Top-2)
+#   variants    Top-2 in each table the other way: tab:runtime with solo formation, tab:gpu-memory on the paper's
+#               own formulation (backend=hidden_prefix) and with batched formation
 #   memoryllm   MemoryLLM and M+ of the same size (random checkpoints of memoryllm-8b's and mplus-8b's shapes) over
 #               a 50-update group each, for their columns of tab:runtime
 #   report      memdefrag report results
@@ -20,10 +21,11 @@
 # results/run_gpu.sh [PART...]; an unknown part is refused before anything runs. Env: OUT (default results/gpu);
 # CKPT, where the random checkpoints are written (default /tmp/memdefrag-checkpoints), each right before its runs
 # and removed after them unless KEEP_CHECKPOINTS=1 (one on the disk at a time, 16-20 GB; a folder that already
-# holds one is used and kept); TOKENIZER (default $GPU_TOKENIZER, which .gpu/enter.sh sets), a tokenizer folder
+# holds one is used and kept); METHODS, the methods runtime and gpu_memory run (default: each table's rows; a
+# short lease gives memdefrag_top2, the one issue 56 measures); TOKENIZER (default $GPU_TOKENIZER, which .gpu/enter.sh sets), a tokenizer folder
 # for the random shapes where the embedded SmolLM2 is not installed; PYTHON (default python3).
 set -euo pipefail
-PARTS=(selfcheck speed decode peers runtime gpu_memory memoryllm report)
+PARTS=(selfcheck speed decode peers runtime gpu_memory variants memoryllm report)
 parts=("$@"); [ $# -gt 0 ] || parts=("${PARTS[@]}")
 for part in "${parts[@]}"; do
   known=0; for name in "${PARTS[@]}"; do [ "$part" = "$name" ] && known=1; done
@@ -87,17 +89,21 @@ runtime() {      # tab:runtime
   # whatever job ran before it; decode=captured (CUDA's default); one process per job (hydra/launcher=local), so
   # that each pays its own warm-up (in one process the first job paid the process's: results/gpu/README.md)
   # shellcheck disable=SC2086
-  memdefrag experiment=runtime $model task.groups=2 method=vanilla,memdefrag_top1,memdefrag_top2 \
+  memdefrag experiment=runtime $model task.groups=2 method="${METHODS:-vanilla,memdefrag_top1,memdefrag_top2}" \
     hydra/launcher=local task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime"
+}
+gpu_memory() {   # tab:gpu-memory
+  checkpoint llama31_8b "$ckpt/llama31_8b"
+  # shellcheck disable=SC2086
+  memdefrag experiment=gpu_memory $model ${METHODS:+method=$METHODS} task.data_dir="$data" logger=none \
+    hydra.sweep.dir="$out/gpu_memory"
+}
+variants() {     # Top-2 the other way in each table
+  checkpoint llama31_8b "$ckpt/llama31_8b"
   # the other formation (runtime batched, CUDA's default; solo here): Top-2's group time each way
   # shellcheck disable=SC2086
   memdefrag experiment=runtime $model task.groups=2 method=memdefrag_top2 formation_batch=solo \
     task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime_solo"
-}
-gpu_memory() {   # tab:gpu-memory, Top-2 also on the paper's own formulation (backend=hidden_prefix), and batched
-  checkpoint llama31_8b "$ckpt/llama31_8b"
-  # shellcheck disable=SC2086
-  memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none hydra.sweep.dir="$out/gpu_memory"
   # shellcheck disable=SC2086
   memdefrag experiment=gpu_memory $model task.data_dir="$data" logger=none backend=hidden_prefix \
     method=memdefrag_top2 hydra.sweep.dir="$out/gpu_memory_hidden_prefix"

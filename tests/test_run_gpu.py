@@ -102,8 +102,23 @@ def test_named_parts_run_alone_in_their_order_and_an_unknown_part_is_refused_bef
     assert len(benches) == 4 and all("--decode" in c and "--profile" in c for c in benches[:3])
     assert "--save-random" in benches[3]
     runs = [c.split()[1] for c in calls if c.startswith("memdefrag ")]
-    assert runs == ["experiment=runtime"] * 2 and not any((tmp_path / "two" / "checkpoints").iterdir())
+    assert runs == ["experiment=runtime"] and not any((tmp_path / "two" / "checkpoints").iterdir())
     for bad in ("runtimes", "decode peers"):
         done, calls = run_gpu(tmp_path / bad.replace(" ", "_"), "decode", bad, ok=False)
         assert done.stderr == (f"run_gpu.sh: no part '{bad}'; the parts: selfcheck speed decode peers runtime "
-                               "gpu_memory memoryllm report\n") and calls == [] and done.stdout == ""
+                               "gpu_memory variants memoryllm report\n") and calls == [] and done.stdout == ""
+
+
+def test_methods_narrows_both_tables_to_the_methods_a_short_lease_measures(tmp_path, monkeypatch):
+    """METHODS=memdefrag_top2: tab:runtime and tab:gpu-memory run Top-2 alone (issue 56's two figures); unset, each
+    runs its own rows; the variants part runs Top-2 the other ways whatever METHODS says."""
+    monkeypatch.setenv("METHODS", "memdefrag_top2")
+    calls = run_gpu(tmp_path / "short", "runtime", "gpu_memory", "variants")[1]
+    runs = [c for c in calls if c.startswith("memdefrag ")]
+    assert [c.split()[1] for c in runs] == ["experiment=runtime", "experiment=gpu_memory"] + [
+        "experiment=runtime", "experiment=gpu_memory", "experiment=gpu_memory"]
+    assert all("method=memdefrag_top2" in c.split() for c in runs)
+    monkeypatch.delenv("METHODS")
+    runs = [c for c in run_gpu(tmp_path / "whole", "runtime", "gpu_memory")[1] if c.startswith("memdefrag ")]
+    assert "method=vanilla,memdefrag_top1,memdefrag_top2" in runs[0].split()
+    assert not any(arg.startswith("method=") for arg in runs[1].split())
