@@ -243,13 +243,15 @@ def test_a_question_asked_twice_in_a_conversation_pairs_by_its_place(tmp_path):
 
 
 def test_a_row_asking_one_question_twice_is_refused_naming_it(tmp_path):
-    """A row pooling two runs of the same conversations holds each question twice: no one-to-one pairing."""
+    """A row pooling two runs of the same conversations holds each question twice: no one-to-one pairing. Two runs
+    of one seed are refused before any claim, naming both folders."""
     apart(tmp_path)
     locomo_runs(tmp_path, {"memdefrag_top1": {"conv-0": [0.5]}}, name="again")
     refused = refusal(tmp_path, LOCOMO)
     assert refused == (
-        "claim 'Top-1 against vanilla': row 'memdefrag_top1' asks sample_id='conv-0', question_index=0, "
-        "question='q0' twice at category 4, so its questions do not pair one to one")
+        f"tab:locomo: row memdefrag_top1 would count group 0 (seed 42) twice: both {tmp_path / 'again'}/memdefrag_top1 "
+        f"and {tmp_path}/memdefrag_top1 answered it; move one of them out of the results (a rerun kept beside the "
+        f"run it repeats, or a copy)")
 
 
 def test_rows_whose_runs_sampled_other_questions_are_refused(tmp_path):

@@ -33,14 +33,14 @@ def old_run(folder, method="vanilla", **config):
 def test_an_old_run_gets_the_settings_it_had_and_its_intervals_and_a_second_migration_changes_nothing(tmp_path):
     old_run(tmp_path / "r" / "vanilla")
     fake_run(tmp_path / "r" / "text", "Retention", "text", STEPS)
-    assert migrate_all(tmp_path) == {tmp_path / "r" / "vanilla": ["config.yaml", "metrics.csv"],
+    assert migrate_all(tmp_path)[0] == {tmp_path / "r" / "vanilla": ["config.yaml", "metrics.csv"],
                                      tmp_path / "r" / "text": ["config.yaml"]}
     config = OmegaConf.load(tmp_path / "r" / "vanilla" / "config.yaml")
     assert config.model.memory_capacity == 12800 and config.model.prompt == "chat"    # what every model had then
     assert config.forgetting.label == "unbounded" and config.compression.label == "none" and config.study is None
     metrics = pd.read_csv(tmp_path / "r" / "vanilla" / "metrics.csv")
     assert list(metrics["accuracy"]) == [0.5, 0.5] and metrics["accuracy_low"].between(0, 0.5).all()
-    assert migrate_all(tmp_path) == {}
+    assert migrate_all(tmp_path)[0] == {}
 
 
 def test_a_retrievers_older_records_say_what_ranked_them():
@@ -54,7 +54,7 @@ def test_the_committed_results_need_no_migration(tmp_path):
     """Every committed run folder is in the current format: the report reads them all alike."""
     results = shutil.copytree(Path(__file__).resolve().parents[1] / "results", tmp_path / "results",
                               ignore=shutil.ignore_patterns("figures", "tables", "*.md"))
-    assert [str(f.relative_to(results)) for f in migrate_all(results)] == []
+    assert [str(f.relative_to(results)) for f in migrate_all(results)[0]] == []
 
 
 def test_the_report_refuses_a_column_split_on_a_setting_only_some_runs_recorded(tmp_path):
@@ -128,14 +128,14 @@ def test_a_folder_named_by_its_settings_gets_its_plain_name_and_a_second_migrati
     fake_run(tmp_path / "locomo" / "vanilla+questions=[2,+2]", "Retention", "vanilla", STEPS)
     fake_run(tmp_path / "peers" / "vanilla", "Retention", "vanilla", STEPS)
     files = {p.relative_to(tmp_path).parts[::2]: p.read_text() for p in tmp_path.glob("*/*/*")}
-    changed = migrate_all(tmp_path)
+    changed = migrate_all(tmp_path)[0]
     assert {f.relative_to(tmp_path).as_posix(): c[0] for f, c in changed.items()} == {
         "peers/epic-68f6384e": "renamed from epic+k=32+formation=own_bos",
         "locomo/vanilla-69901919": "renamed from vanilla+questions=[2,+2]",
         "peers/vanilla": "config.yaml"}
     assert {p.relative_to(tmp_path).parts[::2]: p.read_text() for p in tmp_path.glob("*/*/*")
             if p.name == "predictions.jsonl"} == {k: v for k, v in files.items() if k[1] == "predictions.jsonl"}
-    assert migrate_all(tmp_path) == {}
+    assert migrate_all(tmp_path)[0] == {}
 
 
 def test_a_plain_name_taken_or_a_folder_being_written_is_refused_before_anything_moves(tmp_path):

@@ -17,7 +17,6 @@ from omegaconf import OmegaConf
 from evals.stats import wilson, with_interval
 from harness.report.claims import STEPS, keyed, supported
 from harness.results.figures import accuracy_against_time
-from harness.results.folder import read_jsonl
 from harness.report.sections import Run, Section, bench_table, labelled, named
 from methods.session import UPDATE_PHASES
 from methods.window import BEYOND_MARK
@@ -78,7 +77,7 @@ def variant(method: dict) -> str:
 
 def finished_records(run: Run) -> pd.DataFrame:
     """The run's records of the groups it finished (every step asked)."""
-    frame = pd.DataFrame(read_jsonl(run.folder / "predictions.jsonl"))
+    frame = pd.DataFrame(run.records)
     return frame[frame.groupby("group")["step"].transform("nunique") == frame["step"].nunique()]
 
 

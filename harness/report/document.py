@@ -24,11 +24,10 @@ from evals.stats import wilson, with_interval
 from harness.errors import OneLineParser
 from harness.plugins.contracts import config_name, table_titles
 from harness.results.figures import accuracy_against_time, accuracy_curves
-from harness.report.migrate import migrate_all
-from harness.results.folder import read_jsonl
-from harness.report.sections import (BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, Run, Section, bench_table, in_percent,
-                               labelled, named, past_window, rows_and_caption, run_columns, runs_under, step_records,
-                               step_table, with_bounds)
+from harness.report.migrate import migrate_all, said
+from harness.report.sections import (BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, Run, Section, bench_table, file_part,
+                                     in_percent, labelled, named, past_window, refuse_repeated_groups, rows_and_caption,
+                                     run_columns, runs_under, step_records, step_table, with_bounds)
 from harness.models.tracer_layers import recorded, swept, tracers_file
 from harness.results.summary import accuracy_table, complete_groups
 from methods.window import BEYOND_CELL, BEYOND_MARK
@@ -46,7 +45,7 @@ def of_model(label: str, model: str) -> tuple[str, str, str]:
     command = COMMANDS[label]
     if model == DEFAULT_MODEL:
         return label, "", command
-    return f"{label}_{model}", f" on {model}", "; ".join(f"{c} model={model}" for c in command.split("; "))
+    return f"{label}_{file_part(model)}", f" on {model}", "; ".join(f"{c} model={model}" for c in command.split("; "))
 
 
 def retention_run(run: Run, bounded: bool) -> bool:
@@ -124,7 +123,7 @@ def memoryllm_sections(root, runs, figures) -> list[Section]:
               if released else [])
     for source in sorted({r.config["model"]["source"] for r in chosen} - set(RELEASED)):
         mine = [r for r in chosen if r.config["model"]["source"] == source]
-        groups.append(("_" + "".join(c if c.isalnum() else "_" for c in mine[0].model), mine[0].model, mine))
+        groups.append(("_" + file_part(mine[0].model), mine[0].model, mine))
     for suffix, name, mine in groups:
         section = Section(f"tab:defrag_memoryllm_mplus{suffix}", f"{name} with and without defragmentation "
                           "(layer, query mode: " + ", ".join(sorted({f"{r.config['method']['tracer_layer']} "
@@ -164,7 +163,7 @@ def probe_section(root, runs) -> Section:
         return Section(label, title, missing="no runs yet: memdefrag experiment=probe")
     frames, legend = [], []
     for run in chosen:
-        records = read_jsonl(run.folder / "predictions.jsonl")
+        records = run.records
         table = with_bounds(tracing_table(records).groupby("query_mode").head(5))
         layers = records[0]["layers"]
         if layers == list(range(len(layers))):          # every layer probed: the paper's band is known
@@ -201,7 +200,7 @@ def distortion_section(root, runs) -> Section:
         return Section(label, title, missing="no runs yet: memdefrag experiment=distortion")
     parts = []
     for run in chosen:
-        records = read_jsonl(run.folder / "predictions.jsonl")
+        records = run.records
         figures = [p for p in write_analysis(run.folder, records) if p.suffix == ".png"]
         frame = pd.DataFrame(records)
         steps = frame.groupby("step").agg(correct=("correct", "sum"), n=("correct", "size"),
@@ -286,7 +285,7 @@ def peak_phases(runs) -> str:
     where = []
     for run, label in zip(*study_runs(runs, "gpu_memory")):
         rises = [(rise["peak"], rise["start"], phase, f"step {r['step']}" if "step" in r else f"group {r['group']}")
-                 for r in read_jsonl(run.folder / "predictions.jsonl") for phase, rise in r.get("peak_mb", {}).items()]
+                 for r in run.records for phase, rise in r.get("peak_mb", {}).items()]
         if not rises:
             continue
         peak, start, phase, question = max(rises)
@@ -326,14 +325,14 @@ def baselines_first(run: Run) -> tuple[int, str]:
 
 def longbench_section(root, runs, model: str) -> Section:
     """Methods as rows, the four metrics (x100) as columns, one block per set; the BERTScore model named."""
-    label = "tab:longbench" + ("" if model == DEFAULT_MODEL else f"_{model}")
+    label = "tab:longbench" + ("" if model == DEFAULT_MODEL else f"_{file_part(model)}")
     title = "LongBench: string match, F1, ROUGE-L, BERTScore (x100), mean rank of the answer's chunk" + \
         ("" if model == DEFAULT_MODEL else f" ({model})")
     chosen = sorted((r for r in runs if "tab:longbench" in r.tables and r.model == model), key=baselines_first)
     if not chosen:
         return Section(label, title, missing="no runs yet: memdefrag experiment=longbench")
     records = [{**record, "run": run_label} for run, run_label in zip(chosen, labelled(chosen, label))
-               for record in read_jsonl(run.folder / "predictions.jsonl")]
+               for record in run.records]
     scorers = sorted({f"{r['bertscore_model']} (layer {r['bertscore_layers']}, "
                       f"{'rescaled' if r['bertscore_rescaled'] else 'not rescaled'})" for r in records})
     folders = ", ".join(f"`{r.folder.relative_to(root)}`" for r in chosen)
@@ -387,14 +386,15 @@ def locomo_sections(root, runs, figures) -> list[Section]:
     sections, records = [], []
     for (model, protocol), mine in tables.items():
         labels, shared = rows_and_caption(mine, chosen, titled=("task.protocol",))
+        refuse_repeated_groups("tab:locomo", mine, labels)
         mine, labels = zip(*sorted(zip(mine, labels), key=lambda pair: (*baselines_first(pair[0]), pair[1])))
         found = [[{**record, "run": f"{model} {protocol}: {label}", "model": model, "method": label,
-                   "protocol": protocol} for record in read_jsonl(run.folder / "predictions.jsonl")]
+                   "protocol": protocol} for record in run.records]
                  for run, label in zip(mine, labels)]
         records += [record for answered in found for record in answered]
         sizes = "; ".join(f"{label} {len(answered)} of {len({r['group'] for r in answered})}"
                           for label, answered in zip(labels, found))
-        name = "".join(c if c.isalnum() else "_" for c in f"{model}_{protocol.split('=')[-1]}")
+        name = file_part(f"{model}_{protocol.split('=')[-1]}")
         answers = [r | {"run": r["method"]} for answered in found for r in answered]
         table = locomo_table(answers).round(1)
         table["f1"] += pd.DataFrame(answers).groupby(["category", "run"]).apply(past_window).reindex(table.index)
@@ -628,7 +628,7 @@ past it read (`beyond_window`).
 def write(root: Path) -> Path:
     """Every run folder below root migrated (harness.report.migrate), then tables under root/tables (Markdown and LaTeX),
     figures under root/figures, root/README.md."""
-    migrate_all(root)                  # older run folders read as this version writes them
+    said(migrate_all(root)[0])         # older run folders read as this version writes them, each change said
     sections = build(root)
     tables = root / "tables"
     tables.mkdir(exist_ok=True)

@@ -20,6 +20,7 @@ nothing.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,8 +28,8 @@ from omegaconf import OmegaConf
 
 from harness.errors import ConfigError, OneLineParser
 from harness.plugins.contracts import build, metrics_table
-from harness.results.folder import (RunLock, as_of_now, atomic_write, digest, folder_name, read_config,
-                             read_jsonl, read_lines)
+from harness.results.folder import (RunLock, as_of_now, atomic_write, digest, finished, folder_name,
+                                    read_config, read_jsonl, read_lines)
 from harness.results.summary import run_folders
 from harness.report.window_records import summarize, with_beyond_window
 
@@ -47,17 +48,11 @@ def with_ranker(config: dict, records: list[dict]) -> list[dict]:
 RECORD_HOOKS: list[Callable[[dict, list[dict]], list[dict]]] = [with_beyond_window, with_ranker]
 
 
-def finished(folder: Path, records: list[dict]) -> list[dict]:
-    """The records of the groups groups.jsonl says finished (all of them where a folder has no groups.jsonl)."""
-    path = folder / "groups.jsonl"
-    if not path.is_file():
-        return records
-    done = {entry.get("group") for entry in read_jsonl(path)}
-    return [r for r in records if r.get("group") in done]
-
-
 def migrate_records(folder: Path, config: dict) -> bool:
-    """Annotate predictions.jsonl with RECORD_HOOKS and rehash groups.jsonl; True where anything changed."""
+    """Annotate predictions.jsonl with RECORD_HOOKS and rehash groups.jsonl's finished groups; a group whose records
+    no longer match what it finished with (a kill cut it, or a line was doubled) keeps its old hash, so that a resume
+    still runs it again and a report leaves it out. True where anything changed."""
+    damaged = set(finished(folder).damaged)
     lines = read_lines(folder / "predictions.jsonl")
     records = [record for _, record in lines]
     for hook in RECORD_HOOKS:
@@ -71,8 +66,9 @@ def migrate_records(folder: Path, config: dict) -> bool:
         by_group: dict = {}
         for line, record in zip(written, records):
             by_group.setdefault(record.get("group"), []).append(line)
-        entries = [{**entry, "records": len(by_group.get(entry["group"], [])),
-                    "sha256": digest(by_group.get(entry["group"], []))} for entry in read_jsonl(groups)]
+        entries = [entry if entry.get("group") in damaged else
+                   {**entry, "records": len(by_group.get(entry.get("group"), [])),
+                    "sha256": digest(by_group.get(entry.get("group"), []))} for entry in read_jsonl(groups)]
         atomic_write(groups, "".join(json.dumps(entry) + "\n" for entry in entries))
     return True
 
@@ -88,7 +84,7 @@ def migrate(folder: Path) -> list[str]:
     if migrate_records(folder, now):
         changed.append("predictions.jsonl")
     metrics_file = folder / "metrics.csv"
-    records = finished(folder, read_jsonl(folder / "predictions.jsonl"))
+    records = finished(folder).records
     if summarize(folder, now, records):
         changed.append("run.json")
     if metrics_file.is_file() and records:
@@ -116,15 +112,21 @@ def rename_all(root: Path) -> dict[Path, Path]:
     return moves
 
 
-def migrate_all(root: Path) -> dict[Path, list[str]]:
-    """Every run folder below `root` plainly named and migrated; {folder: what changed} of those that changed
-    (`renamed from OLD` where it was renamed, then the files rewritten)."""
+def migrate_all(root: Path) -> tuple[dict[Path, list[str]], list[Path]]:
+    """Every run folder below `root` plainly named and migrated: {folder: what changed} of those that changed
+    (`renamed from OLD` where it was renamed, then the files rewritten), and the folders left as they are, each
+    named in one line on stderr (a file that cannot be read: the others are migrated all the same)."""
     if not root.is_dir():
         raise ConfigError(f"{root}: no such folder (give the folder that holds the result folders)")
     was = {new: old for old, new in rename_all(root).items()}
-    changes = {folder: ([f"renamed from {was[folder].name}"] if folder in was else []) + migrate(folder)
-               for folder in run_folders(root)}
-    return {folder: changed for folder, changed in changes.items() if changed}
+    changes, left = {}, []
+    for folder in run_folders(root):
+        try:
+            changes[folder] = ([f"renamed from {was[folder].name}"] if folder in was else []) + migrate(folder)
+        except ConfigError as err:
+            print(f"memdefrag migrate: {err}; that run folder is left as it is", file=sys.stderr)
+            left.append(folder)
+    return {folder: changed for folder, changed in changes.items() if changed}, left
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,7 +135,14 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(parser.parse_args(argv).results)
     if root.is_dir() and not run_folders(root):
         raise ConfigError(f"{root} holds no run folder (a folder with predictions.jsonl): nothing to migrate")
-    changed = migrate_all(root)
+    changed, left = migrate_all(root)
+    said(changed)
+    print(f"{len(changed)} of {len(run_folders(root))} run folders migrated")
+    if left:
+        sys.exit(2)                 # each left-out folder is named above
+
+
+def said(changed: dict[Path, list[str]]) -> None:
+    """One line per run folder migrate_all changed: which, and how (renamed, files rewritten)."""
     for folder, files in changed.items():
         print(f"migrated: {folder} ({', '.join(files)})")
-    print(f"{len(changed)} of {len(run_folders(root))} run folders migrated")

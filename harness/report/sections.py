@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +15,7 @@ from omegaconf import OmegaConf
 from evals.stats import bootstrap_mean, wilson, with_interval
 from harness.errors import ConfigError
 from harness.plugins.contracts import declared_tables
-from harness.results.folder import as_of_now, complete_lines, flattened, read_config, read_jsonl, read_run_info
+from harness.results.folder import as_of_now, finished, flattened, read_config, read_run_info
 from harness.results.summary import IMPLIED, complete_groups, run_folders, run_labels
 from methods.window import BEYOND_CELL, marked
 
@@ -27,6 +29,16 @@ class Run:
     folder: Path
     config: dict
     info: dict
+
+    @cached_property
+    def records(self) -> list[dict]:
+        """The records of the groups it finished (harness.results.folder.finished), read once per report."""
+        return finished(self.folder).records
+
+    @property
+    def past_window(self) -> bool:
+        """Whether any answer it counts read past its model's trained window (its records' `beyond_window`)."""
+        return any((record.get("beyond_window") or 0) > 0 for record in self.records)
 
     @property
     def tables(self) -> tuple[str, ...]:
@@ -66,24 +78,22 @@ class Section:
 
 
 def runs_under(root: Path) -> list[Run]:
-    """The runs below `root` (one still running, or killed, counts for what it answered; its run.json is
-    read when written). A folder whose config.yaml cannot be read, or that holds no answer yet, is left out,
+    """The runs below `root` (one still running, or killed, counts for the groups it finished; its run.json is
+    read when written). A folder whose files cannot be read, or that has finished no group yet, is left out,
     one line on stderr says which; none at all is refused, before anything is written."""
     runs, skipped, unanswered = [], [], []
     for folder in run_folders(root):
         try:
             run = Run(folder, OmegaConf.to_container(read_config(folder)),
-                      read_run_info(folder) if (folder / "run.json").is_file() else {})
-        except (OSError, ValueError):                    # the config (a ConfigError) or run.json unreadable
+                      read_run_info(folder) if os.path.lexists(folder / "run.json") else {})
+            (runs if run.records else unanswered).append(run)
+        except (OSError, ValueError):        # config.yaml, run.json or a record file unreadable (a ConfigError)
             skipped.append(str(folder))
-            continue
-        answered = next(complete_lines(folder / "predictions.jsonl"), None) is not None     # its first record
-        (runs if answered else unanswered).append(run)
     if skipped:
-        print(f"memdefrag report: left out {len(skipped)} run folders whose config.yaml or run.json cannot be read: "
-              f"{', '.join(skipped)}", file=sys.stderr)
+        print(f"memdefrag report: left out {len(skipped)} run folders whose config.yaml, run.json, predictions.jsonl "
+              f"or groups.jsonl cannot be read: {', '.join(skipped)}", file=sys.stderr)
     if unanswered:
-        print(f"memdefrag report: left out {len(unanswered)} run folders with no answer yet: "
+        print(f"memdefrag report: left out {len(unanswered)} run folders with no finished group yet: "
               f"{', '.join(str(run.folder) for run in unanswered)}", file=sys.stderr)
     if not runs:
         raise ConfigError(f"{root} holds no run with an answer (a folder with config.yaml and a record in "
@@ -91,11 +101,17 @@ def runs_under(root: Path) -> list[Run]:
     return runs
 
 
+def file_part(name: str) -> str:
+    """`name` (a model's, which may be a path or a hub id) as a part of a table's label and file name: each
+    character other than a letter or digit an underscore."""
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
 def named(run: Run, name: str) -> str:
     """`name` (the run's label, or its dataset where a table crosses datasets with methods) as a table shows it:
     marked where the run read past its model's trained window (methods.window.marked), so that no number read
     there passes for one read inside it."""
-    return marked(name, run.info.get("window"))
+    return marked(name, {"records_beyond": run.past_window})
 
 
 def labelled(runs: list[Run], table: str, leave: tuple[str, ...] = ()) -> list[str]:
@@ -117,7 +133,23 @@ def run_columns(runs: list[Run], table: str, leave: tuple[str, ...] = ()) -> lis
         same = [r for r in runs if (r.model, r.config["task"]["dataset"]) == key]
         refuse_one_sided(table, same, [config(r) for r in same])
         labels |= {id(r): label for r, label in zip(same, run_labels([config(r) for r in same]))}
+    refuse_repeated_groups(table, runs, [labels[id(r)] for r in runs])
     return [labels[id(r)] for r in runs]
+
+
+def refuse_repeated_groups(table: str, runs: list[Run], rows: list[str]) -> None:
+    """A ConfigError naming both folders where two runs of one row (of one model and dataset) answered the same
+    group of the same seed: a rerun beside the run it repeats, whose questions would count twice. Shards of a run
+    answer groups of their own, and pool."""
+    answered: dict[tuple, Run] = {}
+    for run, row in zip(runs, rows):
+        seed = run.config["task"].get("seed")
+        for group in dict.fromkeys(record.get("group") for record in run.records):
+            first = answered.setdefault((run.model, run.config["task"]["dataset"], row, seed, group), run)
+            if first is not run:
+                raise ConfigError(f"{table}: row {row} would count group {group} (seed {seed}) twice: both "
+                                  f"{first.folder} and {run.folder} answered it; move one of them out of the "
+                                  f"results (a rerun kept beside the run it repeats, or a copy)")
 
 
 def rows_and_caption(runs: list[Run], among: list[Run], titled: tuple[str, ...] = ()) -> tuple[list[str], str]:
@@ -166,8 +198,7 @@ def step_records(runs: list[Run], table: str) -> pd.DataFrame:
     """Every answer of the runs that answer questions per step, with its dataset, its run's column (run_columns()),
     model and seed (a question of a claim is its seed, group and step: harness.report.claims);
     each record's own `beyond_window` says whether the cell that counts it is marked (step_table)."""
-    found = [(run, records) for run in runs if (records := read_jsonl(run.folder / "predictions.jsonl"))
-             and {"correct", "step"} <= records[0].keys()]
+    found = [(run, run.records) for run in runs if run.records and {"correct", "step"} <= run.records[0].keys()]
     labels = run_columns([run for run, _ in found], table)
     return pd.DataFrame([{**record, "dataset": run.config["task"]["dataset"], "run": label, "model": run.model,
                           "seed": run.config["task"].get("seed")}

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 from omegaconf import OmegaConf
@@ -173,20 +174,10 @@ class ResultFolder:
     def _verified_groups(self) -> list[str]:
         """Keep the finished groups whose records on disk are the ones they finished with (the rest run again);
         returns their record lines, in file order."""
-        written = read_lines(self.folder / "predictions.jsonl")
-        lines: dict[int, list[str]] = {}
-        for line, record in written:
-            lines.setdefault(record.get("group"), []).append(line)
-        finished = {entry.get("group"): entry for entry in read_jsonl(self.folder / "groups.jsonl")}
-        for group, entry in finished.items():
-            mine = lines.get(group, [])
-            if "records" in entry and (len(mine) != entry["records"] or digest(mine) != entry.get("sha256")):
-                self.rerun.append(group)
-                continue
-            self.done[group], self.lines[group] = entry["seconds"], mine
-        kept = [(line, record) for line, record in written if record.get("group") in self.done]
-        self.records = [record for _, record in kept]
-        return [line for line, _ in kept]
+        found = finished(self.folder)
+        self.done, self.lines, self.rerun = found.seconds, found.lines, found.damaged
+        self.records = found.records
+        return [line for line, _ in found.kept]
 
     def _group_line(self, group: int) -> dict:
         lines = self.lines.get(group, [])
@@ -346,8 +337,14 @@ def read_run_info(folder: Path) -> dict:
 
 def complete_lines(path: Path) -> Iterator[tuple[str, dict]]:
     """(line, record) for each complete line of a JSONL file, parsed as they are taken; a line cut short by a kill
-    is skipped."""
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if path.exists() else []:
+    is skipped. A ConfigError naming the path where it is there but not a file (a folder, a pipe, a dangling link),
+    rather than a traceback or a read that never ends."""
+    if not os.path.lexists(path):
+        return
+    if not path.is_file():
+        raise ConfigError(f"{path} is not a file that can be read (a folder, a pipe or a dangling link): mend or "
+                          f"remove it")
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
@@ -364,6 +361,41 @@ def read_lines(path: Path) -> list[tuple[str, dict]]:
 def read_jsonl(path: Path) -> list[dict]:
     """The complete records of a JSONL file."""
     return [record for _, record in read_lines(path)]
+
+
+class Finished(NamedTuple):
+    """What a run folder finished, as its groups.jsonl vouches: each finished group's seconds and record lines
+    (exactly the ones it finished with: their count and sha256), the groups listed as finished whose records on
+    disk differ (cut, damaged or doubled: a resume runs them again), and the kept (line, record) pairs in file
+    order. A folder without groups.jsonl (a run older than the file) vouches for every complete record."""
+
+    seconds: dict[int, float]
+    lines: dict[int, list[str]]
+    damaged: list[int]
+    kept: list[tuple[str, dict]]
+
+    @property
+    def records(self) -> list[dict]:
+        return [record for _, record in self.kept]
+
+
+def finished(folder: Path) -> Finished:
+    """The groups a run folder finished and their records (Finished): what a resume keeps and a report counts."""
+    written = read_lines(folder / "predictions.jsonl")
+    if not os.path.lexists(folder / "groups.jsonl"):
+        return Finished({}, {}, [], written)
+    lines: dict[int, list[str]] = {}
+    for line, record in written:
+        lines.setdefault(record.get("group"), []).append(line)
+    seconds, kept_lines, damaged = {}, {}, []
+    for group, entry in {entry.get("group"): entry for entry in read_jsonl(folder / "groups.jsonl")}.items():
+        mine = lines.get(group, [])
+        if "records" in entry and (len(mine) != entry["records"] or digest(mine) != entry.get("sha256")):
+            damaged.append(group)
+            continue
+        seconds[group], kept_lines[group] = entry.get("seconds"), mine
+    return Finished(seconds, kept_lines, damaged, [(line, record) for line, record in written
+                                                   if record.get("group") in seconds])
 
 
 def atomic_write(path: Path, text: str) -> None:

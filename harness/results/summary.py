@@ -16,12 +16,12 @@ from omegaconf import OmegaConf
 
 from evals.stats import wilson
 from harness.errors import ConfigError, OneLineParser
-from harness.results.folder import as_of_now, flattened, read_config, read_jsonl
+from harness.results.folder import ResultFolder, as_of_now, finished, flattened, read_config
 
 
-# settings a run's label already says, or that do not make it another run
+# settings a run's label already says, or that do not make it another run (those a resumed run may change among them)
 IMPLIED = ("method._target_", "method.k", "method.label", "forgetting", "compression", "task.dataset",
-           "task.eval_steps", "task.groups", "shard", "threads", "logger", "resume", "study", "allow_beyond_window")
+           "task.eval_steps", "task.groups", "shard", "study", *ResultFolder.FREE)
 
 
 def phase_totals(records) -> dict[str, float]:
@@ -40,16 +40,16 @@ def run_folders(*roots: str | Path) -> list[Path]:
 
 def records_of(folders: list[Path]) -> pd.DataFrame:
     """Every answer of the runs in `folders` that answer questions per step (not e.g. probes),
-    labelled with its dataset and run: method, forgetting, and any other setting that varies. A folder whose
-    config.yaml cannot be read is left out, with one line on stderr saying why."""
+    labelled with its dataset and run: method, forgetting, and any other setting that varies; the groups each run
+    finished (harness.results.folder.finished). A folder whose config.yaml or records cannot be read is left out,
+    with one line on stderr saying why."""
     runs = []
     for folder in folders:
         try:
-            config = OmegaConf.to_container(read_config(folder))
+            config, records = OmegaConf.to_container(read_config(folder)), finished(folder).records
         except ConfigError as err:
             print(f"memdefrag: summary: {err}; its run is left out", file=sys.stderr)
             continue
-        records = read_jsonl(folder / "predictions.jsonl")
         if records and {"correct", "step"} <= records[0].keys():
             runs.append((config, records))
     labels = run_labels([config for config, _ in runs])

@@ -1,0 +1,138 @@
+"""`memdefrag report` over result folders as users leave them: a rerun copied beside its run, a line doubled, a group
+cut by a kill, record files that are not files, a model named by its path, runs older than a setting: it counts
+each question once, only from the groups a run finished, and says in one line what it leaves out."""
+
+import json
+import os
+
+import pytest
+
+from harness.errors import ConfigError
+from harness.report.document import write
+from harness.report.migrate import migrate_all
+from harness.results.folder import digest, finished
+from methods.window import BEYOND_MARK
+from tests.test_report import fake_run
+
+STEPS = (1, 2)
+
+
+def answers(group: int, right: bool = True, **fields) -> list[dict]:
+    """One group's records of a retention run, a question per step."""
+    return [{"group": group, "step": s, "correct": right, "beyond_window": 0, **fields} for s in STEPS]
+
+
+def vouched(folder, groups: list[int]) -> None:
+    """groups.jsonl as a run writes it: each group finished, with its records' count and sha256 as now on disk."""
+    lines = [line for line in (folder / "predictions.jsonl").read_text().splitlines()]
+    by_group = {g: [line for line in lines if json.loads(line)["group"] == g] for g in groups}
+    (folder / "groups.jsonl").write_text("".join(json.dumps({"group": g, "seconds": 1.0, "records": len(mine),
+                                                             "sha256": digest(mine)}) + "\n"
+                                                 for g, mine in by_group.items()))
+
+
+def column(readme: str, label: str) -> list[str]:
+    """The cells of tab:retention's column `label`, step rows then the groups row."""
+    table = next(b for b in readme.split("(`tab:retention`)")[1].split("\n\n") if b.startswith("|")).splitlines()
+    at = [c.strip() for c in table[0].strip("|").split("|")].index(label)
+    return [[c.strip() for c in row.strip("|").split("|")][at] for row in table[2:]]
+
+
+def test_a_rerun_beside_the_run_it_repeats_is_refused_naming_both_and_shards_pool(tmp_path):
+    """Two folders of one configuration answering the same group would count its questions twice (a tighter
+    interval, the same `groups` row): refused, both named. Shards answer groups of their own: pooled."""
+    fake_run(tmp_path / "a" / "vanilla", "Retention", "vanilla", answers(0))
+    fake_run(tmp_path / "b" / "vanilla", "Retention", "vanilla", answers(1, right=False))
+    assert column(write(tmp_path).read_text(), "vanilla")[-1] == "2"
+    fake_run(tmp_path / "rerun" / "vanilla", "Retention", "vanilla", answers(1))
+    with pytest.raises(ConfigError) as refused:
+        write(tmp_path)
+    assert str(refused.value) == (
+        f"tab:retention: row vanilla would count group 1 (seed 42) twice: both {tmp_path / 'b' / 'vanilla'} and "
+        f"{tmp_path / 'rerun' / 'vanilla'} answered it; move one of them out of the results (a rerun kept beside the "
+        f"run it repeats, or a copy)")
+
+
+def test_only_the_groups_a_run_finished_count_and_a_doubled_line_counts_none_of_its_group(tmp_path):
+    """groups.jsonl vouches for each finished group's records (count and hash), as a resume reads them: a group
+    whose line was doubled, and one a kill cut before its end, are left out, not counted twice or in part."""
+    run = tmp_path / "r" / "vanilla"
+    fake_run(run, "Retention", "vanilla", answers(0) + answers(1, right=False) + answers(2)[:1])
+    vouched(run, [0, 1])
+    with open(run / "predictions.jsonl", "a") as doubled:
+        doubled.write(json.dumps(answers(1, right=False)[0]) + "\n")
+    assert finished(run).damaged == [1] and [r["group"] for r in finished(run).records] == [0, 0]
+    cells = column(write(tmp_path).read_text(), "vanilla")
+    assert cells[0].startswith("100.0") and cells[-1] == "1"
+
+
+def test_a_migration_leaves_a_group_cut_by_a_kill_to_run_again(tmp_path):
+    """An older run folder (a setting missing from its config) with a group that a kill cut short: migrating
+    it rehashes the groups it finished, never the cut one, so a resume still runs that group and a report leaves it
+    out."""
+    run = tmp_path / "r" / "vanilla"
+    fake_run(run, "Retention", "vanilla", answers(0) + answers(1))
+    vouched(run, [0, 1])
+    lines = (run / "predictions.jsonl").read_text().splitlines()
+    (run / "predictions.jsonl").write_text("\n".join(lines[:3] + [lines[3][:9]]))      # group 1's second cut
+    before = (run / "groups.jsonl").read_text().splitlines()
+    changed, left = migrate_all(tmp_path)
+    assert run in changed and not left
+    assert (run / "groups.jsonl").read_text().splitlines()[1] == before[1]
+    assert finished(run).damaged == [1]
+
+
+def test_record_files_that_are_not_files_are_left_out_in_one_line_and_the_rest_reported(tmp_path, capsys):
+    """predictions.jsonl (or groups.jsonl) as a folder or a pipe (which a read would wait on for ever): that run is
+    named on stderr and left out; the others make the report."""
+    fake_run(tmp_path / "ok" / "vanilla", "Retention", "vanilla", answers(0))
+    for name, make in (("folder", os.mkdir), ("pipe", os.mkfifo)):
+        fake_run(tmp_path / name / "vanilla", "Retention", "vanilla", answers(0))
+        (tmp_path / name / "vanilla" / "predictions.jsonl").unlink()
+        make(tmp_path / name / "vanilla" / "predictions.jsonl")
+    fake_run(tmp_path / "groups" / "vanilla", "Retention", "vanilla", answers(1))
+    os.mkdir(tmp_path / "groups" / "vanilla" / "groups.jsonl")
+    capsys.readouterr()
+    assert column(write(tmp_path).read_text(), "vanilla")[-1] == "1"
+    err = capsys.readouterr().err
+    for name in ("folder", "pipe", "groups"):
+        assert f"{tmp_path / name / 'vanilla'}" in err, err
+    assert f"{tmp_path / 'ok'}" not in err
+
+
+def test_a_model_named_by_its_path_gets_a_table_of_its_own_in_files_it_can_name(tmp_path):
+    """model=hf names a model by its source (a folder, a hub id): its tables and figure take a file name made of
+    it, not a path."""
+    fake_run(tmp_path / "r" / "vanilla", "Retention", "vanilla", answers(0), model={"name": "/tmp/ckpt/tiny llama"})
+    readme = write(tmp_path).read_text()
+    assert "Knowledge retention on /tmp/ckpt/tiny llama" in readme
+    assert (tmp_path / "tables" / "retention__tmp_ckpt_tiny_llama.md").is_file()
+    assert (tmp_path / "figures" / "retention__tmp_ckpt_tiny_llama.png").is_file()
+
+
+def test_settings_that_change_no_answer_split_no_column_even_where_older_runs_lack_them(tmp_path):
+    """A run made before `reuse_formed` and `formation_batch` existed beside one that records them (they change
+    what formation costs, not an answer): one column, not a refusal asking for a code change."""
+    fake_run(tmp_path / "old" / "vanilla", "Retention", "vanilla", answers(0))
+    fake_run(tmp_path / "new" / "vanilla", "Retention", "vanilla", answers(1))
+    config = tmp_path / "new" / "vanilla" / "config.yaml"
+    config.write_text(config.read_text() + "reuse_formed: false\nformation_batch: batched\n")
+    assert column(write(tmp_path).read_text(), "vanilla")[-1] == "2"
+
+
+def test_a_run_whose_run_json_is_missing_is_still_marked_where_it_read_past_the_window(tmp_path):
+    """A killed run writes no run.json: the mark of a read past the trained window comes from its records."""
+    fading = [{"group": 0, "step": s, "correct": True, "memory_tokens": 100 * s, "beyond_window": 5 * (s - 1),
+               "density": {"last": [0.5 / s, 0.1], "mean": [0.4 / s, 0.2 * s]}} for s in (1, 2, 3)]
+    fake_run(tmp_path / "d" / "text", "Distortion", "text", fading)
+    readme = write(tmp_path).read_text()
+    assert f"### nqa, text memory (1 groups, `d/text`) {BEYOND_MARK}" in readme
+
+
+def test_the_report_says_which_folders_it_renamed(tmp_path, capsys):
+    """A folder named the old way (brackets, spaces) is renamed before the report reads it, and the report says so
+    as `memdefrag migrate` does."""
+    fake_run(tmp_path / "r" / "my run", "Retention", "vanilla", answers(0))
+    capsys.readouterr()
+    write(tmp_path)
+    assert f"migrated: {tmp_path / 'r' / 'my+run'} (renamed from my run" in capsys.readouterr().out
