@@ -10,13 +10,18 @@ from methods.errors import ConfigError
 
 @contextmanager
 def stops_on_config_error(prog: str):
-    """Bad input ends the command with one line on stderr and exit status 2, never a traceback. Inside a
-    submitit job it is raised: the job ends failed and its launcher brings the line back (harness.running.slurm)."""
+    """Bad input ends the command with one line on stderr and exit status 2, never a traceback; Ctrl-C with one
+    line and 130, as a shell's interrupted command. Inside a submitit job either is raised: the job ends failed and
+    its launcher brings the line back (harness.running.slurm)."""
     try:
         yield
-    except ConfigError as err:
+    except (ConfigError, KeyboardInterrupt) as err:
         if os.environ.get("SUBMITIT_EXECUTOR"):
             raise
+        if isinstance(err, KeyboardInterrupt):
+            print(f"{prog}: interrupted: what finished before is kept (a run keeps its finished groups: rerun the "
+                  f"same command to resume)", file=sys.stderr)
+            sys.exit(130)
         print(f"{prog}: error: {err}", file=sys.stderr)
         sys.exit(2)
 

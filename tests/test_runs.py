@@ -11,6 +11,7 @@ import time
 import pytest
 
 from harness.errors import ConfigError
+from harness.results.folder import ResultFolder
 from harness.running.runner import run
 from harness.running.shards import merge_sweep, parse
 from tests.conftest import command, tiny_overrides, tiny_run_config
@@ -131,3 +132,43 @@ def test_a_second_run_into_a_folder_being_written_is_refused_and_nothing_is_doub
                                f"{first.pid} on ")
     keys = [(r["group"], r["step"]) for r in answers(tmp_path / "run")]
     assert len(keys) == len(set(keys)) == 12 * 4
+
+
+def test_a_finished_run_run_again_loads_no_weights_and_leaves_its_files_as_they_are(tmp_path, tiny_checkpoint,
+                                                                                     monkeypatch):
+    """The same command again over a finished run: nothing to run, so no model loads and run.json (its measured
+    peak memory among it) stays the one the run wrote; resume=false runs it again."""
+    from harness.running import runner
+    folder = tmp_path / "run"
+    run(tiny_run_config(tiny_checkpoint, *RUN), str(folder))
+    written = {name: (folder / name).read_bytes() for name in ("run.json", "metrics.csv", "predictions.jsonl")}
+    monkeypatch.setattr(runner, "ready", lambda *args: pytest.fail("a model was loaded"))
+    run(tiny_run_config(tiny_checkpoint, *RUN), str(folder))
+    assert {name: (folder / name).read_bytes() for name in written} == written
+    with pytest.raises(pytest.fail.Exception, match="a model was loaded"):
+        run(tiny_run_config(tiny_checkpoint, *RUN, "resume=false"), str(folder))
+    assert (folder / "run.json").read_bytes() == written["run.json"]        # a run that wrote nothing leaves them
+    with ResultFolder(folder, tiny_run_config(tiny_checkpoint, *RUN), resume=False) as again:
+        again.add({"group": 0, "step": 1})          # its first write: the files saying the run finished go
+        assert not (folder / "run.json").exists() and not (folder / "metrics.csv").exists()
+
+
+def test_a_shard_restarted_and_killed_is_not_merged_as_finished(tmp_path, tiny_checkpoint):
+    """A shard whose groups.jsonl vouches for fewer groups than its run.json says it ran (a restart under
+    resume=false cut short, a group's records damaged) is refused by the merge, not merged without its groups."""
+    for i in range(2):
+        run(tiny_run_config(tiny_checkpoint, *RUN, f"shard={i}/2"), str(tmp_path / f"{i}_run"))
+    groups = tmp_path / "1_run" / "groups.jsonl"
+    groups.write_text(groups.read_text().splitlines()[0] + "\n")
+    with pytest.raises(ConfigError, match=r"shard .*1_run has not finished: its groups.jsonl vouches for 1 of its 2 "
+                                          r"groups; rerun it, it resumes"):
+        merge_sweep(tmp_path)
+
+
+def test_ctrl_c_is_one_line_and_exit_status_130():
+    """Ctrl-C (a KeyboardInterrupt) anywhere in a command: one line saying what is kept, no traceback."""
+    from harness.errors import stops_on_config_error
+    with pytest.raises(SystemExit) as ended:
+        with stops_on_config_error("memdefrag"):
+            raise KeyboardInterrupt
+    assert ended.value.code == 130

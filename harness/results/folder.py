@@ -163,10 +163,14 @@ class ResultFolder:
             probe.unlink()
 
     def _open(self) -> None:
-        """At this run's first write, the folder's files become its own: its config, the records it kept. Until
-        then a run that stops (a model that fails to load, under resume=false) leaves the results it found."""
+        """At this run's first write, the folder's files become its own: its config, the records it kept; an
+        earlier run's run.json and metrics.csv go (they said it finished: a merge or a report would take this
+        unfinished run for it). Until then a run that stops (a model that fails to load, under resume=false)
+        leaves the results it found."""
         if self._predictions is None:
             with self.writing():                # the config last: until it is written the records are the old run's
+                for finished_only in ("run.json", "metrics.csv"):
+                    (self.folder / finished_only).unlink(missing_ok=True)
                 self._predictions = _rewrite(self.folder / "predictions.jsonl", self.kept)
                 self._groups = _rewrite(self.folder / "groups.jsonl", [self._group_line(g) for g in self.done])
                 atomic_write(self.folder / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
@@ -178,6 +182,10 @@ class ResultFolder:
         self.done, self.lines, self.rerun = found.seconds, found.lines, found.damaged
         self.records = found.records
         return [line for line, _ in found.kept]
+
+    def complete(self, groups: list[int]) -> bool:
+        """Whether the run in the folder finished, every one of `groups` with it: nothing to run again."""
+        return (self.folder / "run.json").is_file() and set(groups) <= set(self.done)
 
     def _group_line(self, group: int) -> dict:
         lines = self.lines.get(group, [])

@@ -309,6 +309,10 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
     tags = [f"method:{label}", f"task:{cfg.task._target_.rsplit('.', 1)[-1]}", f"dataset:{cfg.task.dataset}",
             f"model:{spec.name}", f"forgetting:{cfg.forgetting.label}"]
     with ResultFolder(run_dir, cfg, resume=cfg.resume) as folder:
+        if folder.complete([group.index for group in groups]):
+            log.info("%s: the run finished every one of its %d groups before; nothing to run, its files left as they "
+                     "are (pass resume=false to run it again)", run_dir, len(groups))
+            return metrics_table(task, folder.records, label)
         logger = instantiate(cfg.logger, _partial_=True)(
             run_dir=run_dir, run_config=OmegaConf.to_container(cfg, resolve=True),
             default_group=Path(sweep_dir).name if sweep_dir else None, default_tags=tags)

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from harness.errors import ConfigError
 from harness.plugins.contracts import build, metrics_table
-from harness.results.folder import ResultFolder, read_config, read_jsonl, read_run_info
+from harness.results.folder import ResultFolder, finished, read_config, read_run_info
 from harness.results.summary import run_folders
 
 
@@ -84,14 +84,17 @@ def merge_sweep(folder: str | Path) -> list[Path]:
 
 def merge(shard_dirs: list[Path], target: Path, cfg) -> Path:
     """Write the run that the finished shards in `shard_dirs` make together."""
-    infos = []
+    infos, done = [], []
     for path in shard_dirs:
         if not (path / "run.json").is_file():
             raise ConfigError(f"shard {path} has not finished (no run.json); rerun it, it resumes")
         infos.append(read_run_info(path))
-    records = sorted((r for path in shard_dirs for r in read_jsonl(path / "predictions.jsonl")),
-                     key=lambda r: r["group"])                                   # stable: steps stay in order
-    seconds = {g["group"]: g["seconds"] for path in shard_dirs for g in read_jsonl(path / "groups.jsonl")}
+        done.append(finished(path))
+        if done[-1].damaged or len(done[-1].seconds) != infos[-1].get("groups"):
+            raise ConfigError(f"shard {path} has not finished: its groups.jsonl vouches for {len(done[-1].seconds)} "
+                              f"of its {infos[-1].get('groups')} groups; rerun it, it resumes")
+    records = sorted((r for shard in done for r in shard.records), key=lambda r: r["group"])   # steps stay in order
+    seconds = {group: s for shard in done for group, s in shard.seconds.items()}
     metrics = metrics_table(build(cfg.task, "task"), records, cfg.method.label)
     peaks = defaultdict(float)
     for info in infos:
