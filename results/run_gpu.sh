@@ -22,8 +22,9 @@
 # CKPT, where the random checkpoints are written (default /tmp/memdefrag-checkpoints), each right before its runs
 # and removed after them unless KEEP_CHECKPOINTS=1 (one on the disk at a time, 16-20 GB; a folder that already
 # holds one is used and kept); METHODS, the methods runtime and gpu_memory run (default: each table's rows; a
-# short lease gives memdefrag_top2, the one issue 56 measures); TOKENIZER (default $GPU_TOKENIZER, which .gpu/enter.sh sets), a tokenizer folder
-# for the random shapes where the embedded SmolLM2 is not installed; PYTHON (default python3).
+# short lease gives memdefrag_top2, the one issue 56 measures); TOKENIZER (default $GPU_TOKENIZER, which
+# .gpu/enter.sh sets), a tokenizer folder for the random shapes where the embedded SmolLM2 is not installed; PYTHON
+# (default python3).
 set -euo pipefail
 PARTS=(selfcheck speed decode peers runtime gpu_memory variants memoryllm report)
 parts=("$@"); [ $# -gt 0 ] || parts=("${PARTS[@]}")

@@ -320,4 +320,5 @@ def test_a_run_with_no_answer_yet_is_left_out_in_one_line_and_alone_is_refused(t
     capsys.readouterr()
     assert "memdefrag_top2" in write(tmp_path).read_text()
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("memdefrag report: left out 2 run folders with no finished group yet: "), err
+    assert len(err) == 1 and err[0].startswith(
+        "memdefrag report: left out 2 run folders with no finished group yet: "), err

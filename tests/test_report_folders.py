@@ -136,3 +136,13 @@ def test_the_report_says_which_folders_it_renamed(tmp_path, capsys):
     capsys.readouterr()
     write(tmp_path)
     assert f"migrated: {tmp_path / 'r' / 'my+run'} (renamed from my run" in capsys.readouterr().out
+
+
+def test_a_timed_run_resumed_under_other_timing_settings_is_named_in_its_table_s_caption(tmp_path):
+    """tab:runtime's caption names a run whose seconds per group mix two settings (run.json's seconds.retimed)."""
+    info = {"seconds": {"per_group": 3.0, "retimed": {"threads": [1, 2]}}, "model": "smollm2", "device": "cpu"}
+    fake_run(tmp_path / "t" / "vanilla", "Retention", "vanilla", answers(0), "informativeness", info, study="runtime")
+    readme = write(tmp_path).read_text()
+    caption = readme.split("## Time per group (s)")[1].split("\n")[0]
+    assert caption.endswith("; vanilla+informativeness resumed under other timing settings, its seconds mixing both "
+                            "(run.json: seconds.retimed) (`tab:runtime`)"), caption

@@ -172,3 +172,23 @@ def test_ctrl_c_is_one_line_and_exit_status_130():
         with stops_on_config_error("memdefrag"):
             raise KeyboardInterrupt
     assert ended.value.code == 130
+
+
+def test_a_resume_under_other_timing_settings_says_its_seconds_mix_them(tmp_path, tiny_checkpoint):
+    """threads, reuse_formed and formation_batch may change on resume (no answer changes), but the seconds per
+    group then mix two settings: the folder says which changed (run.json's seconds.retimed; a warning as it
+    resumes); resumed as it began, or with nothing finished yet, nothing is said."""
+    def opened(*overrides):
+        return ResultFolder(tmp_path, tiny_run_config(tiny_checkpoint, *RUN, *overrides))
+
+    with opened("threads=null") as folder:
+        assert folder.retimed == {}
+        folder.add({"group": 0, "step": 1})
+    with opened("threads=1", "formation_batch=batched") as folder:
+        assert folder.retimed == {}                              # group 0 never finished: nothing was timed
+        folder.add({"group": 0, "step": 1})
+        folder.end_group(0, 1.0)
+    with opened("threads=1", "formation_batch=batched") as folder:
+        assert folder.retimed == {}
+    with opened("threads=2", "formation_batch=batched") as folder:
+        assert folder.retimed == {"threads": [1, 2]}

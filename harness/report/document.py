@@ -236,7 +236,10 @@ def study_table(runs, study: str, value) -> tuple[pd.DataFrame, str] | None:
     setting = {key: sorted({str(r.info.get(key, BEFORE_THE_SETTING.get(key))) for r in chosen})
                for key in ("model", "device", "dtype", "threads", "groups", "decode", "formation_batch",
                            "reuse_formed")}
-    return table, "; ".join(f"{key} {'/'.join(values)}" for key, values in setting.items())
+    mixed = [label for r, label in zip(chosen, labels) if r.info.get("seconds", {}).get("retimed")]
+    return table, "; ".join([f"{key} {'/'.join(values)}" for key, values in setting.items()] + (
+        [f"{', '.join(mixed)} resumed under other timing settings, its seconds mixing both (run.json: "
+         f"seconds.retimed)"] if mixed else []))
 
 
 def study_runs(runs, study: str) -> tuple[list[Run], list[str]]:

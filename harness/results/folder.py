@@ -130,6 +130,7 @@ class ResultFolder:
     FREE = ("threads", "logger", "resume", "allow_beyond_window",   # change no answer (allow_beyond_window: whether
             "reuse_formed", "formation_batch")                      # one runs; reuse_formed, formation_batch: what
                                                                     # formation costs)
+    TIMING = ("threads", "reuse_formed", "formation_batch")         # those of FREE that change what a group costs
 
     def __init__(self, folder: str | Path, cfg, resume: bool = True):
         self.folder = Path(folder)
@@ -141,11 +142,13 @@ class ResultFolder:
         self.lines: dict[int, list[str]] = {}             # group -> its record lines as written
         self.rerun: list[int] = []                        # finished groups whose records were damaged
         self.cfg, self.kept = cfg, []                     # what the folder's files become at the first write
+        self.retimed: dict[str, list] = {}                # TIMING settings changed on resume: [before, now]
         self._predictions = self._groups = None
         try:
             if resume and (self.folder / "groups.jsonl").exists():
                 self._check_same_run(cfg)
                 self.kept = self._verified_groups()
+                self.retimed = self.retimed if self.done else {}        # nothing timed before: nothing mixed
             self._check_writable()
         except BaseException:
             self.lock.release()
@@ -205,6 +208,9 @@ class ResultFolder:
         if changed:
             raise ConfigError(f"{self.folder} holds a run with other settings ({', '.join(changed)}); "
                               "choose another output folder, or pass resume=false to start it over")
+        earlier, later = (as_of_now(OmegaConf.to_container(c, resolve=True)) for c in (read_config(self.folder), cfg))
+        self.retimed = {key: [earlier.get(key), later.get(key)] for key in self.TIMING
+                        if earlier.get(key) != later.get(key)}
 
     @contextmanager
     def writing(self):

@@ -231,6 +231,10 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
     window = Window(trained_window(model.config), cfg.allow_beyond_window, spec.name, WAYS_OUT)
     if folder.done:
         log.info("resuming %s: %d of %d groups already finished", run_dir, len(folder.done), len(groups))
+    if folder.retimed:
+        log.warning("%s: resumed with other %s than its finished groups ran under (%s): its seconds per group mix "
+                    "both (run.json: seconds.retimed)", run_dir, "/".join(folder.retimed),
+                    ", ".join(f"{key} {before} -> {now}" for key, (before, now) in folder.retimed.items()))
     if folder.rerun:
         log.warning("%s: groups %s had damaged, missing or doubled records on disk: they run again", run_dir,
                     folder.rerun)
@@ -267,7 +271,7 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
                 "threads": torch.get_num_threads(),
                 "window": window_summary(window.limit, cfg.allow_beyond_window, records),
                 "seconds": {"total": sum(group_seconds), "per_group": sum(group_seconds) / len(groups),
-                            "phases": phase_totals(records)},
+                            "phases": phase_totals(records), **({"retimed": folder.retimed} if folder.retimed else {})},
                 "peak_memory": peak_memory_mb(model.device)}
         folder.finish(metrics, info)
     (Path(run_dir) / TRACEBACK).unlink(missing_ok=True)          # an earlier attempt's, now resumed and finished
