@@ -31,11 +31,16 @@ def vouched(folder, groups: list[int]) -> None:
                                                  for g, mine in by_group.items()))
 
 
+def rows(readme: str, table: str) -> list[list[str]]:
+    """The cells of a table of the README (its header row first, the rule left out)."""
+    lines = next(b for b in readme.split(f"(`{table}`)")[1].split("\n\n") if b.startswith("|")).splitlines()
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[:1] + lines[2:]]
+
+
 def column(readme: str, label: str) -> list[str]:
     """The cells of tab:retention's column `label`, step rows then the groups row."""
-    table = next(b for b in readme.split("(`tab:retention`)")[1].split("\n\n") if b.startswith("|")).splitlines()
-    at = [c.strip() for c in table[0].strip("|").split("|")].index(label)
-    return [[c.strip() for c in row.strip("|").split("|")][at] for row in table[2:]]
+    header, *cells = rows(readme, "tab:retention")
+    return [row[header.index(label)] for row in cells]
 
 
 def test_a_rerun_beside_the_run_it_repeats_is_refused_naming_both_and_shards_pool(tmp_path):
@@ -146,3 +151,17 @@ def test_a_timed_run_resumed_under_other_timing_settings_is_named_in_its_table_s
     caption = readme.split("## Time per group (s)")[1].split("\n")[0]
     assert caption.endswith("; vanilla+informativeness resumed under other timing settings, its seconds mixing both "
                             "(run.json: seconds.retimed) (`tab:runtime`)"), caption
+
+
+def test_shards_of_a_timed_run_pool_their_seconds_over_their_groups_and_their_peaks_by_the_highest(tmp_path):
+    """tab:runtime's cell of a run made in shards is its seconds per group over all its groups (not the slower
+    shard's); tab:gpu-memory's, the highest peak of its shards."""
+    for shard, (group, groups, seconds, peak) in enumerate(((0, 1, 2.0, 1000), (1, 3, 4.0, 2000))):
+        info = {"seconds": {"per_group": seconds}, "groups": groups, "model": "smollm2", "device": "cpu",
+                "peak_memory": {"cpu_rss_mb": peak}}
+        for study in ("runtime", "gpu_memory"):
+            fake_run(tmp_path / study / f"{shard}_vanilla", "Retention", "vanilla", answers(group), "informativeness",
+                     info, study=study)
+    readme = write(tmp_path).read_text()
+    assert rows(readme, "tab:runtime")[1] == ["nqa (smollm2, cpu)", "3.5"]
+    assert rows(readme, "tab:gpu-memory")[1] == ["nqa (smollm2, cpu)", f"{2000 * 2**20 / 1e9:.2f}".rstrip("0")]

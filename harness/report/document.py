@@ -219,17 +219,22 @@ def distortion_section(root, runs) -> Section:
 
 
 
-def study_table(runs, study: str, value) -> tuple[pd.DataFrame, str] | None:
+def study_table(runs, study: str, value, per_group: bool) -> tuple[pd.DataFrame, str] | None:
     """Datasets as rows, methods as columns (baselines first, then by method): value(run) of the runs of one
-    experiment (`study`) and of the released MemoryLLM baselines; and a caption naming model, device, dtype and
-    threads. None without such runs."""
+    experiment (`study`) and of the released MemoryLLM baselines, the runs of one cell (shards of a run) pooled:
+    a mean over their groups where the value is per group, else the highest; and a caption naming model, device,
+    dtype and threads. None without such runs."""
     if not any(r.study == study and r.info for r in runs):
         return None
     chosen, labels = study_runs(runs, study)
     frame = pd.DataFrame([{"dataset": f"{named(r, r.config['task']['dataset'])} ({r.info.get('model')}, "
-                                      f"{r.info.get('device')})", "method": label, "value": value(r)}
+                                      f"{r.info.get('device')})", "method": label, "value": value(r),
+                           "groups": r.info.get("groups") or 1}
                           for r, label in zip(chosen, labels)])        # a CPU's and a GPU's runs on rows of their own
-    table = frame.pivot_table(index="dataset", columns="method", values="value", aggfunc="max")
+    frame["groups"] = frame["groups"].where(frame["value"].notna())
+    cells = frame.assign(weighted=frame["value"] * frame["groups"]).groupby(["dataset", "method"])
+    pooled = cells["weighted"].sum(min_count=1) / cells["groups"].sum() if per_group else cells["value"].max()
+    table = pooled.unstack("method")
     order = {label: (*baselines_first(r), label) for r, label in zip(chosen, labels)}
     table = table[sorted(order, key=order.get)]          # the same columns whichever folder a run lies in
     table.columns.name = None
@@ -255,8 +260,8 @@ def runtime_section(runs) -> tuple[Section, Section]:
     """`tab:runtime` (seconds per group) and `tab:gpu-memory` (peak memory) from their experiments' runs only."""
     runtime = Section("tab:runtime", "Time per group (s)")
     memory = Section("tab:gpu-memory", "Peak memory (decimal GB, as the paper's)")
-    seconds = study_table(runs, "runtime", lambda r: r.info.get("seconds", {}).get("per_group"))
-    peaks = study_table(runs, "gpu_memory", lambda r: peak_gb(r.info.get("peak_memory", {})))
+    seconds = study_table(runs, "runtime", lambda r: r.info.get("seconds", {}).get("per_group"), per_group=True)
+    peaks = study_table(runs, "gpu_memory", lambda r: peak_gb(r.info.get("peak_memory", {})), per_group=False)
     for section, found, study in ((runtime, seconds, "runtime"), (memory, peaks, "gpu_memory")):
         if found is None:
             section.missing = f"no runs yet: memdefrag experiment={study}"
