@@ -146,9 +146,25 @@ def test_what_another_model_scores_is_compared_within_its_own_tolerance(tmp_path
     """BERTScore moves with its model's library when no answer moved: 1e-4 on it, 1e-6 on everything else."""
     for side, score, f1 in (("a", 9.9527321, 0.5), ("b", 9.9527418, 0.5)):
         (tmp_path / side).mkdir()
+        (tmp_path / side / "config.yaml").write_text("method: {label: vanilla}\n")
         (tmp_path / side / "predictions.jsonl").write_text(json.dumps(
             {"group": 0, "id": "x", "output": "same", "bertscore": score, "f1": f1}) + "\n")
     report = compare_runs("pair", tmp_path / "a", tmp_path / "b", Tolerance())
     assert report.equal
     report = compare_runs("pair", tmp_path / "a", tmp_path / "b", Tolerance(scored=1e-6))
     assert [c["field"] for c in report.changed] == ["bertscore"]
+
+
+def test_an_older_run_is_read_as_this_version_writes_it_before_it_is_compared(tmp_path):
+    """A run written before a record field existed (a retriever's `ranked_by`) against a newer one: the field a
+    migration would add is added to the older run's records as they are read (the folder left as it is), so the
+    pair is equal, not a difference `memdefrag migrate` would have removed."""
+    a = a_run(tmp_path / "a" / "vanilla")
+    b = a_run(tmp_path / "b" / "vanilla", records=[dict(r, ranked_by="bm25") for r in RECORDS])
+    for folder in (a, b):
+        config = OmegaConf.load(folder / "config.yaml")
+        config.method.ranker = "bm25"
+        (folder / "config.yaml").write_text(OmegaConf.to_yaml(config))
+    written = (a / "predictions.jsonl").read_text()
+    [report], _ = compare(tmp_path / "a", tmp_path / "b", ignore=("task.data_dir",))
+    assert report.equal and (a / "predictions.jsonl").read_text() == written

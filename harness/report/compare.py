@@ -27,7 +27,8 @@ from omegaconf import OmegaConf
 from evals.stats import mcnemar
 from harness.errors import ConfigError, OneLineParser, stops_on_config_error
 from harness.results.paths import writable_file
-from harness.results.folder import ResultFolder, as_of_now, atomic_write, read_config, read_jsonl
+from harness.results.folder import ResultFolder, as_of_now, atomic_write, read_config
+from harness.report.migrate import records_now
 from harness.results.summary import phase_totals, run_folders
 
 IDENTITY = ("group", "step", "position", "subset", "id", "layer")     # what names a question within a run
@@ -118,8 +119,7 @@ def question_of(record: dict) -> tuple:
 
 def compare_runs(name: str, a: Path, b: Path, tolerance: Tolerance) -> PairReport:
     report = PairReport(name, str(a), str(b))
-    left = {question_of(r): r for r in read_jsonl(a / "predictions.jsonl")}
-    right = {question_of(r): r for r in read_jsonl(b / "predictions.jsonl")}
+    left, right = ({question_of(r): r for r in records_now(folder)} for folder in (a, b))   # an older run's too
     for question in sorted(left.keys() ^ right.keys(), key=str):
         report.missing.append({"question": dict(question), "in": "A" if question in left else "B"})
     for question in sorted(left.keys() & right.keys(), key=str):

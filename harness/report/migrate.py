@@ -48,15 +48,26 @@ def with_ranker(config: dict, records: list[dict]) -> list[dict]:
 RECORD_HOOKS: list[Callable[[dict, list[dict]], list[dict]]] = [with_beyond_window, with_ranker]
 
 
+def with_hooks(config: dict, records: list[dict]) -> list[dict]:
+    """The records of a run of `config` (as_of_now) as this version writes them: each RECORD_HOOKS applied."""
+    for hook in RECORD_HOOKS:
+        records = hook(config, records)
+    return records
+
+
+def records_now(folder: Path) -> list[dict]:
+    """A run folder's records as this version writes them, the folder left as it is (`memdefrag compare` reads an
+    older run so, against a newer one)."""
+    return with_hooks(as_of_now(OmegaConf.to_container(read_config(folder))), read_jsonl(folder / "predictions.jsonl"))
+
+
 def migrate_records(folder: Path, config: dict) -> bool:
     """Annotate predictions.jsonl with RECORD_HOOKS and rehash groups.jsonl's finished groups; a group whose records
     no longer match what it finished with (a kill cut it, or a line was doubled) keeps its old hash, so that a resume
     still runs it again and a report leaves it out. True where anything changed."""
     damaged = set(finished(folder).damaged)
     lines = read_lines(folder / "predictions.jsonl")
-    records = [record for _, record in lines]
-    for hook in RECORD_HOOKS:
-        records = hook(config, records)
+    records = with_hooks(config, [record for _, record in lines])
     written = [json.dumps(record) for record in records]
     if written == [line for line, _ in lines]:
         return False
