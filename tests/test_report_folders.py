@@ -165,3 +165,14 @@ def test_shards_of_a_timed_run_pool_their_seconds_over_their_groups_and_their_pe
     readme = write(tmp_path).read_text()
     assert rows(readme, "tab:runtime")[1] == ["nqa (smollm2, cpu)", "3.5"]
     assert rows(readme, "tab:gpu-memory")[1] == ["nqa (smollm2, cpu)", f"{2000 * 2**20 / 1e9:.2f}".rstrip("0")]
+
+
+def test_a_table_of_a_model_given_by_its_source_says_the_command_that_makes_its_runs(tmp_path):
+    """A model no conf/model/ file names (model=hf model.source=...): its table's command names its source, so it
+    can be run as shown; a shipped model's names its choice."""
+    model = {"name": "tiny", "source": "/ckpt/tiny"}
+    fake_run(tmp_path / "r" / "vanilla", "Retention", "vanilla", answers(0), model=model)
+    fake_run(tmp_path / "r" / "gemma", "Retention", "vanilla", answers(0), model={"name": "gemma3_270m"})
+    readme = write(tmp_path).read_text()
+    assert "Command: `memdefrag experiment=accuracy model=hf model.source=/ckpt/tiny model.name=tiny`" in readme
+    assert "Command: `memdefrag experiment=accuracy model=gemma3_270m`" in readme

@@ -24,6 +24,7 @@ from evals.stats import wilson, with_interval
 from harness.errors import OneLineParser
 from harness.plugins.contracts import config_name, table_titles
 from harness.results.figures import accuracy_against_time, accuracy_curves
+from conf.schema import CONF
 from harness.report.migrate import migrate_all, said
 from harness.report.sections import (BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, Run, Section, bench_table, file_part,
                                      in_percent, labelled, named, past_window, refuse_repeated_groups, rows_and_caption,
@@ -39,13 +40,17 @@ def per_model(models: set[str], make) -> list[Section]:
     return [make(model) for model in sorted(models | {DEFAULT_MODEL}, key=lambda m: (m != DEFAULT_MODEL, m))]
 
 
-def of_model(label: str, model: str) -> tuple[str, str, str]:
+def of_model(label: str, model: str, runs: list[Run]) -> tuple[str, str, str]:
     """A table's label, the words its title names the model in, and the command that makes its runs, for `model`:
-    the default model's as they are, another model's with `_<model>`, ` on <model>` and `model=<model>`."""
+    the default model's as they are, another model's with `_<model>`, ` on <model>` and its choice (`model=<model>`
+    where conf/model/ has it, else the source one of its runs read: `model=hf model.source=... model.name=...`)."""
     command = COMMANDS[label]
     if model == DEFAULT_MODEL:
         return label, "", command
-    return f"{label}_{file_part(model)}", f" on {model}", "; ".join(f"{c} model={model}" for c in command.split("; "))
+    shipped = (CONF / "model" / f"{model}.yaml").is_file()
+    source = next((r.config["model"].get("source") for r in runs if r.model == model), None)
+    choice = f"model={model}" if shipped or source is None else f"model=hf model.source={source} model.name={model}"
+    return f"{label}_{file_part(model)}", f" on {model}", "; ".join(f"{c} {choice}" for c in command.split("; "))
 
 
 def retention_run(run: Run, bounded: bool) -> bool:
@@ -60,7 +65,7 @@ def retention_section(root, runs, bounded: bool, figures, model: str) -> Section
     MemoryLLM and M+ checkpoints join the default model's), with its claims (claims.yaml's `retention` or
     `retention_comparison`)."""
     table = "retention_comparison" if bounded else "retention"
-    label, on, command = of_model(f"tab:{table}", model)
+    label, on, command = of_model(f"tab:{table}", model, runs)
     title = (f"Knowledge retention with forgetting{on}, accuracy (%) at steps 10..50" if bounded
              else f"Knowledge retention{on}, accuracy (%) per update step (unbounded memory)")
     chosen = [r for r in runs if (retention_run(r, bounded) and r.model == model)
@@ -145,7 +150,7 @@ def memoryllm_sections(root, runs, figures) -> list[Section]:
 def bounded_step_section(runs, kind: str, title: str, value: str, model: str) -> Section:
     """One model's per-step table of its forgetting runs: mean `value` per question ('seconds': the update's
     formation and forgetting plus the question's phases); `title` names the model where it says {on}."""
-    label, on, command = of_model(kind, model)
+    label, on, command = of_model(kind, model, runs)
     title = title.format(on=on)
     chosen = [r for r in runs if kind in r.tables and r.bounded and not r.study and r.model == model]
     if not chosen:
