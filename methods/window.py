@@ -180,10 +180,9 @@ def window_summary(limit: int | None, allow: bool, records: list[dict]) -> dict:
             "most_beyond": max(past, default=0)}
 
 
-def marked(label: str, summary: dict | None) -> str:
-    """A table's label for a run, marked where any of its records read past the model's trained window (`summary`:
-    its run.json's `window`, as window_summary writes it)."""
-    return f"{label} {BEYOND_MARK}" if (summary or {}).get("records_beyond") else label
+def marked(label: str, beyond: bool) -> str:
+    """A table's label for a run, marked where any of its records read past the model's trained window."""
+    return f"{label} {BEYOND_MARK}" if beyond else label
 
 
 def capacity_positions(capacity: int, sink: int, prompt: int, budget: int) -> int:

@@ -2,6 +2,7 @@
 cut by a kill, record files that are not files, a model named by its path, runs older than a setting: it counts
 each question once, only from the groups a run finished, and says in one line what it leaves out."""
 
+import hashlib
 import json
 import os
 
@@ -10,6 +11,7 @@ import pytest
 from harness.errors import ConfigError
 from harness.report.document import write
 from harness.report.migrate import migrate_all
+from harness.report.sections import file_part
 from harness.results.folder import digest, finished
 from methods.window import BEYOND_MARK
 from tests.test_report import fake_run
@@ -75,16 +77,18 @@ def test_a_migration_leaves_a_group_cut_by_a_kill_to_run_again(tmp_path):
     """An older run folder (a setting missing from its config) with a group that a kill cut short: migrating
     it rehashes the groups it finished, never the cut one, so a resume still runs that group and a report leaves it
     out."""
-    run = tmp_path / "r" / "vanilla"
-    fake_run(run, "Retention", "vanilla", answers(0) + answers(1))
+    run = tmp_path / "r" / "bm25"
+    ranked = {"target_rank": 1}                        # a retriever's records older than `ranked_by`: a hook adds it
+    fake_run(run, "Retention", "vanilla", answers(0, **ranked) + answers(1, **ranked), method_options={"ranker": "bm25"})
     vouched(run, [0, 1])
     lines = (run / "predictions.jsonl").read_text().splitlines()
     (run / "predictions.jsonl").write_text("\n".join(lines[:3] + [lines[3][:9]]))      # group 1's second cut
     before = (run / "groups.jsonl").read_text().splitlines()
     changed, left = migrate_all(tmp_path)
-    assert run in changed and not left
-    assert (run / "groups.jsonl").read_text().splitlines()[1] == before[1]
-    assert finished(run).damaged == [1]
+    assert "predictions.jsonl" in changed[run] and not left
+    after = (run / "groups.jsonl").read_text().splitlines()
+    assert after[0] != before[0] and after[1] == before[1]       # group 0 rehashed over its annotated records
+    assert finished(run).damaged == [1] and all(r["ranked_by"] == "bm25" for r in finished(run).records)
 
 
 def test_record_files_that_are_not_files_are_left_out_in_one_line_and_the_rest_reported(tmp_path, capsys):
@@ -107,22 +111,42 @@ def test_record_files_that_are_not_files_are_left_out_in_one_line_and_the_rest_r
 
 def test_a_model_named_by_its_path_gets_a_table_of_its_own_in_files_it_can_name(tmp_path):
     """model=hf names a model by its source (a folder, a hub id): its tables and figure take a file name made of
-    it, not a path."""
+    it, not a path, and two names that differ only in what a file name cannot hold take two."""
     fake_run(tmp_path / "r" / "vanilla", "Retention", "vanilla", answers(0), model={"name": "/tmp/ckpt/tiny llama"})
     readme = write(tmp_path).read_text()
     assert "Knowledge retention on /tmp/ckpt/tiny llama" in readme
-    assert (tmp_path / "tables" / "retention__tmp_ckpt_tiny_llama.md").is_file()
-    assert (tmp_path / "figures" / "retention__tmp_ckpt_tiny_llama.png").is_file()
+    name = f"retention__tmp_ckpt_tiny_llama_{hashlib.sha256(b'/tmp/ckpt/tiny llama').hexdigest()[:8]}"
+    assert (tmp_path / "tables" / f"{name}.md").is_file() and (tmp_path / "figures" / f"{name}.png").is_file()
+    assert file_part("a/b") != file_part("a-b") and file_part("qwen25_coder_05b") == "qwen25_coder_05b"
 
 
-def test_settings_that_change_no_answer_split_no_column_even_where_older_runs_lack_them(tmp_path):
-    """A run made before `reuse_formed` and `formation_batch` existed beside one that records them (they change
-    what formation costs, not an answer): one column, not a refusal asking for a code change."""
+def test_a_run_older_than_a_setting_shares_a_column_with_one_at_its_default_and_not_with_another(tmp_path):
+    """A run made before `reuse_formed` and `formation_batch` existed beside one that records them at their
+    defaults: one column, not a refusal asking for a code change; beside one formed otherwise (a timed run's
+    variant): columns of their own, as in tab:runtime."""
     fake_run(tmp_path / "old" / "vanilla", "Retention", "vanilla", answers(0))
     fake_run(tmp_path / "new" / "vanilla", "Retention", "vanilla", answers(1))
     config = tmp_path / "new" / "vanilla" / "config.yaml"
-    config.write_text(config.read_text() + "reuse_formed: false\nformation_batch: batched\n")
+    config.write_text(config.read_text() + "reuse_formed: true\nformation_batch: null\n")
     assert column(write(tmp_path).read_text(), "vanilla")[-1] == "2"
+    config.write_text(config.read_text().replace("formation_batch: null", "formation_batch: batched"))
+    header = rows(write(tmp_path).read_text(), "tab:retention")[0]
+    assert header[2:] == ["vanilla formation_batch=batched", "vanilla formation_batch=None"]      # new/ before old/
+
+
+def test_timed_variants_and_a_cpu_and_a_gpu_run_of_one_config_are_rows_and_columns_of_their_own(tmp_path):
+    """tab:runtime: Top-2 formed solo and batched (results/run_gpu.sh's variants) are two columns, and one config
+    timed on a CPU and on a GPU two rows; neither is a rerun counted twice."""
+    for name, batch, device in (("solo", "solo", "cpu"), ("batched", "batched", "cpu"), ("gpu", "solo", "cuda:0")):
+        info = {"seconds": {"per_group": 2.0}, "groups": 1, "model": "smollm2", "device": device}
+        fake_run(tmp_path / name / "memdefrag_top2", "Retention", "memdefrag_top2", answers(0), "informativeness",
+                 info, study="runtime")
+        config = tmp_path / name / "memdefrag_top2" / "config.yaml"
+        config.write_text(config.read_text() + f"formation_batch: {batch}\n")
+    table = rows(write(tmp_path).read_text(), "tab:runtime")
+    assert table[0][1:] == ["memdefrag_top2+informativeness formation_batch=batched",
+                            "memdefrag_top2+informativeness formation_batch=solo"]
+    assert [row[0] for row in table[1:]] == ["nqa (smollm2, cpu)", "nqa (smollm2, cuda:0)"]
 
 
 def test_a_run_whose_run_json_is_missing_is_still_marked_where_it_read_past_the_window(tmp_path):

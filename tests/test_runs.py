@@ -165,30 +165,44 @@ def test_a_shard_restarted_and_killed_is_not_merged_as_finished(tmp_path, tiny_c
         merge_sweep(tmp_path)
 
 
-def test_ctrl_c_is_one_line_and_exit_status_130():
-    """Ctrl-C (a KeyboardInterrupt) anywhere in a command: one line saying what is kept, no traceback."""
+def test_ctrl_c_is_one_line_and_exit_status_130_and_a_run_says_what_it_kept(tmp_path, tiny_checkpoint, monkeypatch,
+                                                                            capsys):
+    """Ctrl-C (a KeyboardInterrupt) in any command: one line, exit status 130, no traceback; in a run, the line
+    says how many groups it kept and in which folder; inside a submitit job it is raised, for the job to fail."""
     from harness.errors import stops_on_config_error
-    with pytest.raises(SystemExit) as ended:
-        with stops_on_config_error("memdefrag"):
-            raise KeyboardInterrupt
+    from harness.running import runner
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "_run_groups", interrupted)
+    with pytest.raises(SystemExit) as ended, stops_on_config_error("memdefrag"):
+        run(tiny_run_config(tiny_checkpoint, *RUN), str(tmp_path))
     assert ended.value.code == 130
+    assert capsys.readouterr().err == (f"memdefrag: interrupted: 0 of 4 groups finished, kept in {tmp_path}; the same "
+                                       f"command given that folder (hydra.run.dir, or a sweep's hydra.sweep.dir) "
+                                       f"resumes it\n")
+    with pytest.raises(SystemExit) as ended, stops_on_config_error("memdefrag compare"):
+        raise KeyboardInterrupt
+    assert ended.value.code == 130 and capsys.readouterr().err == "memdefrag compare: interrupted\n"
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    with pytest.raises(KeyboardInterrupt), stops_on_config_error("memdefrag"):
+        raise KeyboardInterrupt
 
 
 def test_a_resume_under_other_timing_settings_says_its_seconds_mix_them(tmp_path, tiny_checkpoint):
     """threads, reuse_formed and formation_batch may change on resume (no answer changes), but the seconds per
-    group then mix two settings: the folder says which changed (run.json's seconds.retimed; a warning as it
-    resumes); resumed as it began, or with nothing finished yet, nothing is said."""
-    def opened(*overrides):
-        return ResultFolder(tmp_path, tiny_run_config(tiny_checkpoint, *RUN, *overrides))
+    group then mix them: each group's settings, as in effect, stay in groups.jsonl through every later resume, and
+    the folder says which took more than one value (run.json's seconds.retimed; a warning as it resumes)."""
+    def group(index: int, threads: int) -> dict:
+        with ResultFolder(tmp_path, tiny_run_config(tiny_checkpoint, *RUN)) as folder:
+            folder.timing = {"threads": threads, "reuse_formed": True, "formation_batch": "solo"}
+            folder.add({"group": index, "step": 1})
+            folder.end_group(index, 1.0)
+            return folder.retimed()
 
-    with opened("threads=null") as folder:
-        assert folder.retimed == {}
-        folder.add({"group": 0, "step": 1})
-    with opened("threads=1", "formation_batch=batched") as folder:
-        assert folder.retimed == {}                              # group 0 never finished: nothing was timed
-        folder.add({"group": 0, "step": 1})
-        folder.end_group(0, 1.0)
-    with opened("threads=1", "formation_batch=batched") as folder:
-        assert folder.retimed == {}
-    with opened("threads=2", "formation_batch=batched") as folder:
-        assert folder.retimed == {"threads": [1, 2]}
+    assert group(0, 1) == {} and group(1, 1) == {}
+    assert group(2, 2) == {"threads": [1, 2]}
+    assert group(3, 2) == {"threads": [1, 2]}                   # a third process: the first groups' still said
+    lines = [json.loads(line) for line in (tmp_path / "groups.jsonl").read_text().splitlines()]
+    assert [line["timed_under"]["threads"] for line in lines] == [1, 1, 2, 2]

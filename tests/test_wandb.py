@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from harness.errors import Interrupted
 from harness.results import folder as results
 from harness.running.runner import run
 from harness.running.loggers import RUN_ID_FILE
@@ -45,7 +46,7 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path, tiny_checkpoint, monkey
         ended(self, group, seconds)
 
     monkeypatch.setattr(results.ResultFolder, "end_group", killed_after_two)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted, match="2 of 4 groups finished"):
         run(tiny_run_config(tiny_checkpoint, *RUN), str(tmp_path))
     run_id = (tmp_path / RUN_ID_FILE).read_text().strip()
     [first] = offline_runs(tmp_path)

@@ -357,11 +357,7 @@ def test_an_older_record_of_a_model_no_longer_at_hand_is_left_as_it_is(short_win
 def test_a_table_marks_a_run_that_read_past_the_window_and_no_other_and_a_step_table_each_cell_that_did(tmp_path):
     """A step table marks the cells whose answers read past the window (their records' beyond_window), in one row per
     dataset and step: a run past the window at step 5 is not marked at step 1, where its one fragment fits."""
-    assert marked("vanilla", {"trained": 8192, "allow_beyond": True, "records_beyond": 3, "most_beyond": 12}) == \
-        "vanilla (past window)"
-    assert marked("vanilla", {"trained": 8192, "allow_beyond": True, "records_beyond": 0, "most_beyond": 0}) == \
-        "vanilla"
-    assert marked("vanilla", None) == "vanilla"                   # a run.json that says nothing of the window
+    assert marked("vanilla", True) == "vanilla (past window)" and marked("vanilla", False) == "vanilla"
     beyond = {"window": {"trained": 8192, "allow_beyond": True, "records_beyond": 2, "most_beyond": 40}}
     inside = {"window": {"trained": 8192, "allow_beyond": False, "records_beyond": 0, "most_beyond": 0}}
     steps = [{"group": g, "step": s, "correct": g == 0, "memory_tokens": 10, "seconds": {"decode": 1.0},
@@ -369,8 +365,8 @@ def test_a_table_marks_a_run_that_read_past_the_window_and_no_other_and_a_step_t
     inside_steps = [{**r, "beyond_window": 0} for r in steps]
     for dataset, info, records in (("nqa", beyond, steps), ("synthetic", inside, inside_steps)):
         fake_run(tmp_path / "r" / dataset, "Retention", "vanilla", records, info=info, dataset=dataset)
-    for method, info in (("memdefrag_top1", beyond), ("text", inside)):
-        fake_run(tmp_path / "p" / method, "Retention", method, steps, info=info, study="peers", dataset="synthetic")
+    for method, info, records in (("memdefrag_top1", beyond, steps), ("text", inside, inside_steps)):
+        fake_run(tmp_path / "p" / method, "Retention", method, records, info=info, study="peers", dataset="synthetic")
     readme = write(tmp_path).read_text()
     assert 'A cell marked "†"' in readme and '"(past window)" (a run' in readme              # the legend
     retention = readme.split("(`tab:retention`)")[1].split("\n## ")[0]

@@ -14,7 +14,7 @@ from evals.probe import tracing_table
 from harness.errors import OneLineParser
 from harness.results.figures import accuracy_and_density, correlation_bars, density_heatmap
 from harness.plugins.contracts import declared_tables
-from harness.results.folder import read_config, read_jsonl
+from harness.results.folder import finished, read_config
 from harness.report.sections import with_bounds
 from methods.attention.tracing import QueryMode
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+")
     for folder in parser.parse_args(argv).folders:
-        for path in write_analysis(folder, read_jsonl(Path(folder) / "predictions.jsonl")):
+        for path in write_analysis(folder, finished(Path(folder)).records):
             print(path)
 
 

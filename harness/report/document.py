@@ -25,7 +25,7 @@ from harness.errors import OneLineParser
 from harness.plugins.contracts import config_name, table_titles
 from harness.results.figures import accuracy_against_time, accuracy_curves
 from conf.schema import CONF
-from harness.report.migrate import migrate_all, said
+from harness.report.migrate import migrate_all, print_migrations
 from harness.report.sections import (BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, Run, Section, bench_table, file_part,
                                      in_percent, labelled, named, past_window, refuse_repeated_groups, rows_and_caption,
                                      run_columns, runs_under, step_records, step_table, with_bounds)
@@ -255,7 +255,7 @@ def study_table(runs, study: str, value, per_group: bool) -> tuple[pd.DataFrame,
 def study_runs(runs, study: str) -> tuple[list[Run], list[str]]:
     """The runs of one experiment (`study`) and the released MemoryLLM baselines, and each one's column."""
     chosen = [r for r in runs if (r.study == study or r.baseline) and r.info]
-    return chosen, run_columns(chosen, f"tab:{study}")
+    return chosen, run_columns(chosen, f"tab:{study}", per_device=True)      # a row per device: one run on each
 
 
 BEFORE_THE_SETTING = {"formation_batch": "solo"}     # what a run made before a caption's setting existed did
@@ -641,7 +641,7 @@ past it read (`beyond_window`).
 def write(root: Path) -> Path:
     """Every run folder below root migrated (harness.report.migrate), then tables under root/tables (Markdown and LaTeX),
     figures under root/figures, root/README.md."""
-    said(migrate_all(root)[0])         # older run folders read as this version writes them, each change said
+    print_migrations(migrate_all(root, "memdefrag report")[0])     # older run folders read as this version writes
     sections = build(root)
     tables = root / "tables"
     tables.mkdir(exist_ok=True)

@@ -56,9 +56,9 @@ def with_hooks(config: dict, records: list[dict]) -> list[dict]:
 
 
 def records_now(folder: Path) -> list[dict]:
-    """A run folder's records as this version writes them, the folder left as it is (`memdefrag compare` reads an
-    older run so, against a newer one)."""
-    return with_hooks(as_of_now(OmegaConf.to_container(read_config(folder))), read_jsonl(folder / "predictions.jsonl"))
+    """A run folder's records of the groups it finished, as this version writes them, the folder left as it is
+    (`memdefrag compare` reads an older run so, against a newer one)."""
+    return with_hooks(as_of_now(OmegaConf.to_container(read_config(folder))), finished(folder).records)
 
 
 def migrate_records(folder: Path, config: dict) -> bool:
@@ -123,7 +123,7 @@ def rename_all(root: Path) -> dict[Path, Path]:
     return moves
 
 
-def migrate_all(root: Path) -> tuple[dict[Path, list[str]], list[Path]]:
+def migrate_all(root: Path, prog: str = "memdefrag migrate") -> tuple[dict[Path, list[str]], list[Path]]:
     """Every run folder below `root` plainly named and migrated: {folder: what changed} of those that changed
     (`renamed from OLD` where it was renamed, then the files rewritten), and the folders left as they are, each
     named in one line on stderr (a file that cannot be read: the others are migrated all the same)."""
@@ -135,7 +135,7 @@ def migrate_all(root: Path) -> tuple[dict[Path, list[str]], list[Path]]:
         try:
             changes[folder] = ([f"renamed from {was[folder].name}"] if folder in was else []) + migrate(folder)
         except ConfigError as err:
-            print(f"memdefrag migrate: {err}; that run folder is left as it is", file=sys.stderr)
+            print(f"{prog}: {err}; that run folder is left as it is", file=sys.stderr)
             left.append(folder)
     return {folder: changed for folder, changed in changes.items() if changed}, left
 
@@ -147,13 +147,13 @@ def main(argv: list[str] | None = None) -> None:
     if root.is_dir() and not run_folders(root):
         raise ConfigError(f"{root} holds no run folder (a folder with predictions.jsonl): nothing to migrate")
     changed, left = migrate_all(root)
-    said(changed)
+    print_migrations(changed)
     print(f"{len(changed)} of {len(run_folders(root))} run folders migrated")
     if left:
         sys.exit(2)                 # each left-out folder is named above
 
 
-def said(changed: dict[Path, list[str]]) -> None:
+def print_migrations(changed: dict[Path, list[str]]) -> None:
     """One line per run folder migrate_all changed: which, and how (renamed, files rewritten)."""
     for folder, files in changed.items():
         print(f"migrated: {folder} ({', '.join(files)})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -103,15 +104,17 @@ def runs_under(root: Path) -> list[Run]:
 
 def file_part(name: str) -> str:
     """`name` (a model's, which may be a path or a hub id) as a part of a table's label and file name: each
-    character other than a letter or digit an underscore."""
-    return "".join(c if c.isalnum() else "_" for c in name)
+    character other than a letter, digit or underscore made an underscore, then 8 hex digits of the name's sha256
+    where any was (`a/b` and `a-b` are two models, not one table)."""
+    part = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return part if part == name else f"{part}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def named(run: Run, name: str) -> str:
     """`name` (the run's label, or its dataset where a table crosses datasets with methods) as a table shows it:
     marked where the run read past its model's trained window (methods.window.marked), so that no number read
     there passes for one read inside it."""
-    return marked(name, {"records_beyond": run.past_window})
+    return marked(name, run.past_window)
 
 
 def labelled(runs: list[Run], table: str, leave: tuple[str, ...] = ()) -> list[str]:
@@ -119,7 +122,7 @@ def labelled(runs: list[Run], table: str, leave: tuple[str, ...] = ()) -> list[s
     return [named(run, label) for run, label in zip(runs, run_columns(runs, table, leave))]
 
 
-def run_columns(runs: list[Run], table: str, leave: tuple[str, ...] = ()) -> list[str]:
+def run_columns(runs: list[Run], table: str, leave: tuple[str, ...] = (), per_device: bool = False) -> list[str]:
     """Each run's column (harness.results.summary.run_labels) among the runs of its own model and dataset, so that a
     setting that differs only between datasets (N_max, say) splits no column; `leave`: task settings left out
     (`seed`: runs of several seeds pool into one row). Refused, naming the setting, where runs that would share a
@@ -133,19 +136,19 @@ def run_columns(runs: list[Run], table: str, leave: tuple[str, ...] = ()) -> lis
         same = [r for r in runs if (r.model, r.config["task"]["dataset"]) == key]
         refuse_one_sided(table, same, [config(r) for r in same])
         labels |= {id(r): label for r, label in zip(same, run_labels([config(r) for r in same]))}
-    refuse_repeated_groups(table, runs, [labels[id(r)] for r in runs])
+    refuse_repeated_groups(table, runs, [labels[id(r)] for r in runs], per_device)
     return [labels[id(r)] for r in runs]
 
 
-def refuse_repeated_groups(table: str, runs: list[Run], rows: list[str]) -> None:
-    """A ConfigError naming both folders where two runs of one row (of one model and dataset) answered the same
-    group of the same seed: a rerun beside the run it repeats, whose questions would count twice. Shards of a run
-    answer groups of their own, and pool."""
+def refuse_repeated_groups(table: str, runs: list[Run], rows: list[str], per_device: bool = False) -> None:
+    """A ConfigError naming both folders where two runs of one row (of one model and dataset; and device, in a
+    table whose rows are per device) answered the same group of the same seed: a rerun beside the run it repeats,
+    whose questions would count twice. Shards of a run answer groups of their own, and pool."""
     answered: dict[tuple, Run] = {}
     for run, row in zip(runs, rows):
-        seed = run.config["task"].get("seed")
+        seed, device = run.config["task"].get("seed"), run.info.get("device") if per_device else None
         for group in dict.fromkeys(record.get("group") for record in run.records):
-            first = answered.setdefault((run.model, run.config["task"]["dataset"], row, seed, group), run)
+            first = answered.setdefault((run.model, run.config["task"]["dataset"], device, row, seed, group), run)
             if first is not run:
                 raise ConfigError(f"{table}: row {row} would count group {group} (seed {seed}) twice: both "
                                   f"{first.folder} and {run.folder} answered it; move one of them out of the "

@@ -130,7 +130,8 @@ class ResultFolder:
     FREE = ("threads", "logger", "resume", "allow_beyond_window",   # change no answer (allow_beyond_window: whether
             "reuse_formed", "formation_batch")                      # one runs; reuse_formed, formation_batch: what
                                                                     # formation costs)
-    TIMING = ("threads", "reuse_formed", "formation_batch")         # those of FREE that change what a group costs
+    TIMING = ("threads", "reuse_formed", "formation_batch")         # those of FREE that change what a group costs:
+                                                                    # each group's, as in effect, in groups.jsonl
 
     def __init__(self, folder: str | Path, cfg, resume: bool = True):
         self.folder = Path(folder)
@@ -142,13 +143,13 @@ class ResultFolder:
         self.lines: dict[int, list[str]] = {}             # group -> its record lines as written
         self.rerun: list[int] = []                        # finished groups whose records were damaged
         self.cfg, self.kept = cfg, []                     # what the folder's files become at the first write
-        self.retimed: dict[str, list] = {}                # TIMING settings changed on resume: [before, now]
+        self.timed: dict[int, dict] = {}                  # finished group -> the TIMING settings it ran under
+        self.timing: dict | None = None                   # those this process runs groups under (the runner's)
         self._predictions = self._groups = None
         try:
             if resume and (self.folder / "groups.jsonl").exists():
                 self._check_same_run(cfg)
                 self.kept = self._verified_groups()
-                self.retimed = self.retimed if self.done else {}        # nothing timed before: nothing mixed
             self._check_writable()
         except BaseException:
             self.lock.release()
@@ -182,7 +183,7 @@ class ResultFolder:
         """Keep the finished groups whose records on disk are the ones they finished with (the rest run again);
         returns their record lines, in file order."""
         found = finished(self.folder)
-        self.done, self.lines, self.rerun = found.seconds, found.lines, found.damaged
+        self.done, self.lines, self.rerun, self.timed = found.seconds, found.lines, found.damaged, found.timed
         self.records = found.records
         return [line for line, _ in found.kept]
 
@@ -192,7 +193,19 @@ class ResultFolder:
 
     def _group_line(self, group: int) -> dict:
         lines = self.lines.get(group, [])
-        return {"group": group, "seconds": self.done[group], "records": len(lines), "sha256": digest(lines)}
+        timed = {"timed_under": self.timed[group]} if self.timed.get(group) else {}
+        return {"group": group, "seconds": self.done[group], "records": len(lines), "sha256": digest(lines), **timed}
+
+    def retimed(self) -> dict[str, list]:
+        """Each TIMING setting under which the finished groups (and this process's, `timing`) ran with more than
+        one value: those values, in the order first seen. Empty where their seconds are of one setting."""
+        seen: dict[str, list] = {}
+        for timed in [*self.timed.values(), self.timing]:
+            for key, value in (timed or {}).items():
+                seen.setdefault(key, [])
+                if value not in seen[key]:
+                    seen[key].append(value)
+        return {key: values for key, values in seen.items() if len(values) > 1}
 
     def _check_same_run(self, cfg) -> None:
         def comparable(conf):
@@ -208,9 +221,7 @@ class ResultFolder:
         if changed:
             raise ConfigError(f"{self.folder} holds a run with other settings ({', '.join(changed)}); "
                               "choose another output folder, or pass resume=false to start it over")
-        earlier, later = (as_of_now(OmegaConf.to_container(c, resolve=True)) for c in (read_config(self.folder), cfg))
-        self.retimed = {key: [earlier.get(key), later.get(key)] for key in self.TIMING
-                        if earlier.get(key) != later.get(key)}
+
 
     @contextmanager
     def writing(self):
@@ -237,6 +248,8 @@ class ResultFolder:
     def end_group(self, group: int, seconds: float) -> None:
         self._open()
         self.done[group] = seconds
+        if self.timing is not None:
+            self.timed[group] = self.timing
         with self.writing():
             self._groups.write(json.dumps(self._group_line(group)) + "\n")
             self._groups.flush()
@@ -272,6 +285,7 @@ class ResultFolder:
 # (`memdefrag migrate`) without a guess.
 LATER_SETTINGS = {"memory_on": "model", "shard": None, "resume": True, "study": None, "decode": None,
                   "allow_beyond_window": True,      # nothing was refused before the window check: every read ran
+                  "reuse_formed": True, "formation_batch": None,    # the defaults: what formation cost is run.json's
                   "forgetting": {"_target_": "methods.forgetting.NoForgetting", "label": "unbounded"},
                   "compression": {"_target_": "methods.compression.compressor.NoCompression", "label": "none"}}
 LATER_PLUGIN_SETTINGS = {                  # the same for a plugin's options, by its _target_
@@ -381,12 +395,14 @@ class Finished(NamedTuple):
     """What a run folder finished, as its groups.jsonl vouches: each finished group's seconds and record lines
     (exactly the ones it finished with: their count and sha256), the groups listed as finished whose records on
     disk differ (cut, damaged or doubled: a resume runs them again), and the kept (line, record) pairs in file
-    order. A folder without groups.jsonl (a run older than the file) vouches for every complete record."""
+    order. A folder without groups.jsonl (a run older than the file) names no finished group (`seconds`, `lines`
+    and `timed` empty: a resume starts it over) and keeps every complete record (a report counts them)."""
 
     seconds: dict[int, float]
     lines: dict[int, list[str]]
     damaged: list[int]
     kept: list[tuple[str, dict]]
+    timed: dict[int, dict]              # finished group -> the timing settings it ran under (where it says)
 
     @property
     def records(self) -> list[dict]:
@@ -397,19 +413,19 @@ def finished(folder: Path) -> Finished:
     """The groups a run folder finished and their records (Finished): what a resume keeps and a report counts."""
     written = read_lines(folder / "predictions.jsonl")
     if not os.path.lexists(folder / "groups.jsonl"):
-        return Finished({}, {}, [], written)
+        return Finished({}, {}, [], written, {})
     lines: dict[int, list[str]] = {}
     for line, record in written:
         lines.setdefault(record.get("group"), []).append(line)
-    seconds, kept_lines, damaged = {}, {}, []
+    seconds, kept_lines, damaged, timed = {}, {}, [], {}
     for group, entry in {entry.get("group"): entry for entry in read_jsonl(folder / "groups.jsonl")}.items():
         mine = lines.get(group, [])
         if "records" in entry and (len(mine) != entry["records"] or digest(mine) != entry.get("sha256")):
             damaged.append(group)
             continue
-        seconds[group], kept_lines[group] = entry.get("seconds"), mine
+        seconds[group], kept_lines[group], timed[group] = entry.get("seconds"), mine, entry.get("timed_under")
     return Finished(seconds, kept_lines, damaged, [(line, record) for line, record in written
-                                                   if record.get("group") in seconds])
+                                                   if record.get("group") in seconds], timed)
 
 
 def atomic_write(path: Path, text: str) -> None:

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from harness.models import selfcheck
 from harness.running import shards
-from harness.errors import ConfigError, raised
+from harness.errors import ConfigError, Interrupted, raised
 from harness.running.formed import FormedFragments, Unkept
 from harness.models.loading import ModelSpec, check_source, load, one_line_cause
 from harness.plugins.contracts import (LABELLED, answer_budget, build, check_first_record, check_groups, check_record,
@@ -231,10 +231,12 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
     window = Window(trained_window(model.config), cfg.allow_beyond_window, spec.name, WAYS_OUT)
     if folder.done:
         log.info("resuming %s: %d of %d groups already finished", run_dir, len(folder.done), len(groups))
-    if folder.retimed:
-        log.warning("%s: resumed with other %s than its finished groups ran under (%s): its seconds per group mix "
-                    "both (run.json: seconds.retimed)", run_dir, "/".join(folder.retimed),
-                    ", ".join(f"{key} {before} -> {now}" for key, (before, now) in folder.retimed.items()))
+    folder.timing = {"threads": torch.get_num_threads(), "reuse_formed": cfg.reuse_formed,
+                     "formation_batch": cfg.formation_batch or default_formation_batch(model.device)}
+    if folder.done and folder.retimed():
+        log.warning("%s: resumed under other timing settings than its finished groups ran under (%s): its seconds "
+                    "per group mix them (run.json: seconds.retimed)", run_dir,
+                    ", ".join(f"{key} {' then '.join(map(str, values))}" for key, values in folder.retimed().items()))
     if folder.rerun:
         log.warning("%s: groups %s had damaged, missing or doubled records on disk: they run again", run_dir,
                     folder.rerun)
@@ -264,14 +266,13 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
         metrics = metrics_table(task, records, label)
         info = {"method": label, "forgetting": cfg.forgetting.label, "capacity": forgetting.capacity,
                 "model": spec.name, "dtype": spec.dtype, "device": str(model.device), "self_check": verdict,
-                "backend": cfg.backend, "decode": cfg.decode or default_decode(model.device),
-                "formation_batch": cfg.formation_batch or default_formation_batch(model.device),
-                "reuse_formed": cfg.reuse_formed, "compression": compression_summary(compressor, compressed),
-                "task": task.describe(), "formation": cfg.formation, "prompt": cfg.prompt, "groups": len(groups),
-                "threads": torch.get_num_threads(),
+                "backend": cfg.backend, "decode": cfg.decode or default_decode(model.device), **folder.timing,
+                "compression": compression_summary(compressor, compressed), "task": task.describe(),
+                "formation": cfg.formation, "prompt": cfg.prompt, "groups": len(groups),
                 "window": window_summary(window.limit, cfg.allow_beyond_window, records),
                 "seconds": {"total": sum(group_seconds), "per_group": sum(group_seconds) / len(groups),
-                            "phases": phase_totals(records), **({"retimed": folder.retimed} if folder.retimed else {})},
+                            "phases": phase_totals(records), **({"retimed": retimed} if (retimed := folder.retimed())
+                                                                else {})},
                 "peak_memory": peak_memory_mb(model.device)}
         folder.finish(metrics, info)
     (Path(run_dir) / TRACEBACK).unlink(missing_ok=True)          # an earlier attempt's, now resumed and finished
@@ -316,14 +317,20 @@ def run(cfg: DictConfig, run_dir: str, sweep_dir: str | None = None):
         if folder.complete([group.index for group in groups]):
             log.info("%s: the run finished every one of its %d groups before; nothing to run, its files left as they "
                      "are (pass resume=false to run it again)", run_dir, len(groups))
-            return metrics_table(task, folder.records, label)
-        logger = instantiate(cfg.logger, _partial_=True)(
-            run_dir=run_dir, run_config=OmegaConf.to_container(cfg, resolve=True),
-            default_group=Path(sweep_dir).name if sweep_dir else None, default_tags=tags)
-        logger.start()
-        metrics, records, info = _run_groups(cfg, folder, logger, spec, method, task, forgetting, compressor,
-                                             groups, run_dir)
-    logger.finish(metrics, records, info)
+            metrics = metrics_table(task, folder.records, label)
+        else:
+            logger = instantiate(cfg.logger, _partial_=True)(
+                run_dir=run_dir, run_config=OmegaConf.to_container(cfg, resolve=True),
+                default_group=Path(sweep_dir).name if sweep_dir else None, default_tags=tags)
+            logger.start()
+            try:
+                metrics, records, info = _run_groups(cfg, folder, logger, spec, method, task, forgetting, compressor,
+                                                     groups, run_dir)
+            except KeyboardInterrupt:
+                raise Interrupted(f"{len(folder.done)} of {len(groups)} groups finished, kept in {run_dir}; the same "
+                                  f"command given that folder (hydra.run.dir, or a sweep's hydra.sweep.dir) resumes "
+                                  f"it") from None
+            logger.finish(metrics, records, info)
     print(f"\n{label} on {cfg.task.dataset} ({len(groups)} groups, model {spec.name}, backend {cfg.backend}, "
           f"prompt {cfg.prompt}, formation {cfg.formation})")
     print(metrics.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

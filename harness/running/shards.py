@@ -84,17 +84,20 @@ def merge_sweep(folder: str | Path) -> list[Path]:
 
 def merge(shard_dirs: list[Path], target: Path, cfg) -> Path:
     """Write the run that the finished shards in `shard_dirs` make together."""
-    infos, done = [], []
+    infos, shards = [], []
     for path in shard_dirs:
         if not (path / "run.json").is_file():
             raise ConfigError(f"shard {path} has not finished (no run.json); rerun it, it resumes")
+        if not (path / "groups.jsonl").is_file():
+            raise ConfigError(f"shard {path} has no groups.jsonl (a run older than the file): rerun it with "
+                              f"resume=false")
         infos.append(read_run_info(path))
-        done.append(finished(path))
-        if done[-1].damaged or len(done[-1].seconds) != infos[-1].get("groups"):
-            raise ConfigError(f"shard {path} has not finished: its groups.jsonl vouches for {len(done[-1].seconds)} "
-                              f"of its {infos[-1].get('groups')} groups; rerun it, it resumes")
-    records = sorted((r for shard in done for r in shard.records), key=lambda r: r["group"])   # steps stay in order
-    seconds = {group: s for shard in done for group, s in shard.seconds.items()}
+        shards.append(finished(path))
+        if shards[-1].damaged or len(shards[-1].seconds) != infos[-1].get("groups"):
+            raise ConfigError(f"shard {path} has not finished: its groups.jsonl vouches for "
+                              f"{len(shards[-1].seconds)} of its {infos[-1].get('groups')} groups; rerun it, it resumes")
+    records = sorted((r for shard in shards for r in shard.records), key=lambda r: r["group"])   # steps in order
+    seconds = {group: s for shard in shards for group, s in shard.seconds.items()}
     metrics = metrics_table(build(cfg.task, "task"), records, cfg.method.label)
     peaks = defaultdict(float)
     for info in infos:
@@ -107,7 +110,9 @@ def merge(shard_dirs: list[Path], target: Path, cfg) -> Path:
     with ResultFolder(target, cfg, resume=False) as out:
         for record in records:
             out.add(record)
+        out.timed = {group: timed for shard in shards for group, timed in shard.timed.items()}
         for group in sorted(seconds):
             out.end_group(group, seconds[group])
-        out.finish(metrics, info)
+        retimed = out.retimed()                     # shards may run under other threads: their seconds mix them
+        out.finish(metrics, {**info, "seconds": {**info["seconds"], **({"retimed": retimed} if retimed else {})}})
     return target
