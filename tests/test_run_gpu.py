@@ -110,15 +110,20 @@ def test_named_parts_run_alone_in_their_order_and_an_unknown_part_is_refused_bef
 
 
 def test_methods_narrows_both_tables_to_the_methods_a_short_lease_measures(tmp_path, monkeypatch):
-    """METHODS=memdefrag_top2: tab:runtime and tab:gpu-memory run Top-2 alone (issue 56's two figures); unset, each
-    runs its own rows; the variants part runs Top-2 the other ways whatever METHODS says."""
+    """METHODS=memdefrag_top2 DATASETS=nqa: tab:runtime and tab:gpu-memory run Top-2 alone, tab:runtime on NaturalQA
+    (issue 56's two figures); unset, each runs its own rows; the variants part runs Top-2 the other ways whatever
+    METHODS says."""
     monkeypatch.setenv("METHODS", "memdefrag_top2")
+    monkeypatch.setenv("DATASETS", "nqa")
     calls = run_gpu(tmp_path / "short", "runtime", "gpu_memory", "variants")[1]
     runs = [c for c in calls if c.startswith("memdefrag ")]
+    assert "task.dataset=nqa" in runs[0].split()
     assert [c.split()[1] for c in runs] == ["experiment=runtime", "experiment=gpu_memory"] + [
         "experiment=runtime", "experiment=gpu_memory", "experiment=gpu_memory"]
     assert all("method=memdefrag_top2" in c.split() for c in runs)
     monkeypatch.delenv("METHODS")
+    monkeypatch.delenv("DATASETS")
     runs = [c for c in run_gpu(tmp_path / "whole", "runtime", "gpu_memory")[1] if c.startswith("memdefrag ")]
     assert "method=vanilla,memdefrag_top1,memdefrag_top2" in runs[0].split()
+    assert not any(arg.startswith("task.dataset=") for arg in runs[0].split())      # the experiment's: both
     assert not any(arg.startswith("method=") for arg in runs[1].split())
