@@ -243,3 +243,17 @@ def test_a_runs_commit_says_where_its_code_was_modified(tmp_path):
     assert copied.git_hash() == head
     code.write_text(code.read_text() + "# changed\n")
     assert copied.git_hash() == f"{head}-modified"
+
+
+def test_a_folder_on_a_filesystem_without_locks_is_refused_in_one_line(tmp_path, monkeypatch):
+    """NFS or Lustre mounted without flock: the one-writer lock cannot be taken, so the run is refused in one line
+    naming the folder, before any work, rather than a traceback or two writers unseen."""
+    import fcntl
+
+    def no_locks(handle, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(ConfigError, match=rf"^{tmp_path} cannot be locked for its one writer \(No locks available\): "
+                                          r"its filesystem takes no flock; choose an output folder on one that does"):
+        ResultFolder(tmp_path, CFG)

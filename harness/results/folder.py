@@ -84,7 +84,11 @@ class RunLock:
     holder (pid, host, start time) for the one-line refusal of a second writer."""
 
     def __init__(self, folder: Path):
-        self.handle = open(folder / ".lock", "a+", encoding="utf-8")
+        try:
+            self.handle = open(folder / ".lock", "a+", encoding="utf-8")
+        except OSError as err:
+            raise ConfigError(f"cannot write the results in {folder}: {err.strerror or err}; choose another output "
+                              f"folder") from None
         try:
             fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -93,6 +97,11 @@ class RunLock:
             self.handle.close()
             raise ConfigError(f"{folder} is being written by another run ({holder}); wait for it to end or "
                               f"choose another output folder") from None
+        except OSError as err:          # a filesystem without locks (NFS or Lustre mounted without flock)
+            self.handle.close()
+            raise ConfigError(f"{folder} cannot be locked for its one writer ({err.strerror or err}): its filesystem "
+                              f"takes no flock; choose an output folder on one that does (a local disk, or a mount "
+                              f"with locking)") from None
         self.handle.seek(0)
         self.handle.truncate()
         self.handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
