@@ -17,7 +17,8 @@ leading `VAR=value` assignments set for that command):
 - `pytest ...` (or `python -m pytest ...`): every `-m` marker is declared in pyproject.toml and every path
   exists.
 - a script path (`results/run_gpu.sh`, `../shared/gpu/pack.sh`): it exists and `bash -n` parses it.
-- other programs (`pip`, `wandb`, `git`, SLURM's): not ours, not run.
+- other programs (`pip`, `wandb`, `git`, SLURM's, `tail`): not ours, not run; `timeout SECONDS` before a
+  command is dropped, the command checked.
 Python blocks run in a temporary folder. A block with `<!-- file: <path> -->` just above it is a file the
 reader writes: it is written into a temporary plugin tree (`methods/`, `evals/`, `conf/`) that the page's
 other blocks import and compose (`hydra.searchpath`), and a `tests/test_*.py` file has its tests called.
@@ -47,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(?:<!-- (file|doc-test): (.*?) -->\n)?```(bash|python|yaml)\n(.*?)```", re.DOTALL)
 EXTERNAL = {"pip", "wandb", "git", "sbatch", "srun", "squeue", "sinfo", "scancel", "sacct", "scontrol",
-            "nvidia-smi", "ssh", "scp", "rsync", "cd", "export", "source", "ls", "cat", "tar"}
+            "nvidia-smi", "ssh", "scp", "rsync", "cd", "export", "source", "ls", "cat", "tar", "tail", "rm"}
 SUBCOMMANDS = {"compare", "report", "migrate", "collect", "merge", "cache", "plugins"}
 STAND_INS = {"memoryllm_8b": "tiny_memoryllm", "mplus_8b": "tiny_mplus"}
 SHRUNK = {"fragments": 3, "questions": 1, "max_context_tokens": 200}
@@ -68,7 +69,7 @@ def command_lines(code: str) -> list[tuple[list[str], str]]:
     lines = []
     for line in code.replace("\\\n", " ").splitlines():
         words = shlex.split(line, comments=True)
-        if words:
+        if words and words != ["}"]:                # the end of a `{ ...; }` group: its lines were each checked
             lines.append((words, line.split(" #", 1)[1].strip() if " #" in line else ""))
     return lines
 
@@ -135,6 +136,8 @@ class Page:
         while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
             key, value = words.pop(0).split("=", 1)
             env[key] = value
+        if words[:1] == ["timeout"]:                # `timeout SECONDS command`: the command is checked
+            words = words[2:]
         program, args = words[0], words[1:]
         if program == "memdefrag" and args and args[0] in SUBCOMMANDS and execute:
             with pytest.MonkeyPatch.context() as patch, redirect_stdout(StringIO()):
