@@ -231,7 +231,6 @@ class ResultFolder:
             raise ConfigError(f"{self.folder} holds a run with other settings ({', '.join(changed)}); "
                               "choose another output folder, or pass resume=false to start it over")
 
-
     @contextmanager
     def writing(self):
         """A failed write (a full disk, a folder made read-only) ends the run with one line naming the folder."""
