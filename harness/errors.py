@@ -18,15 +18,16 @@ def stops_on_config_error(prog: str):
     except (ConfigError, KeyboardInterrupt) as err:
         if os.environ.get("SUBMITIT_EXECUTOR"):
             raise
-        if isinstance(err, (Interrupted, KeyboardInterrupt)):
+        if isinstance(err, KeyboardInterrupt):
             print(f"{prog}: interrupted{f': {err}' if str(err) else ''}", file=sys.stderr)
             sys.exit(130)
         print(f"{prog}: error: {err}", file=sys.stderr)
         sys.exit(2)
 
 
-class Interrupted(ConfigError):
-    """Ctrl-C during a run, said with what it keeps and how to go on (a run folder's finished groups)."""
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run, said with what it keeps and how to go on (a run folder's finished groups): still an
+    interruption, which no `except Exception` on the way takes for a failure."""
 
 
 def raised(err: BaseException, limit: int = 200) -> str:

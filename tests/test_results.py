@@ -246,8 +246,8 @@ def test_a_runs_commit_says_where_its_code_was_modified(tmp_path):
 
 
 def test_a_folder_on_a_filesystem_without_locks_is_refused_in_one_line(tmp_path, monkeypatch):
-    """NFS or Lustre mounted without flock: the one-writer lock cannot be taken, so the run is refused in one line
-    naming the folder, before any work, rather than a traceback or two writers unseen."""
+    """A filesystem that refuses locks (Lustre mounted without flock): the one-writer lock cannot be taken, so the
+    run is refused in one line naming the folder, before any work, rather than a traceback or two writers unseen."""
     import fcntl
 
     def no_locks(handle, operation):

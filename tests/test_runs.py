@@ -190,13 +190,14 @@ def test_ctrl_c_is_one_line_and_exit_status_130_and_a_run_says_what_it_kept(tmp_
         raise KeyboardInterrupt
 
 
-def test_a_resume_under_other_timing_settings_says_its_seconds_mix_them(tmp_path, tiny_checkpoint):
-    """threads, reuse_formed and formation_batch may change on resume (no answer changes), but the seconds per
-    group then mix them: each group's settings, as in effect, stay in groups.jsonl through every later resume, and
-    the folder says which took more than one value (run.json's seconds.retimed; a warning as it resumes)."""
+def test_a_resume_under_other_threads_says_its_seconds_mix_them(tmp_path, tiny_checkpoint):
+    """threads may change on resume (no answer changes), but the seconds per group then mix them: each group's
+    threads, as in effect, stay in groups.jsonl through every later resume, and the folder says which took more
+    than one value (run.json's seconds.retimed; a warning as it resumes). A group older than that record counts
+    under its config's threads, where set. reuse_formed and formation_batch make another run: refused."""
     def group(index: int, threads: int) -> dict:
-        with ResultFolder(tmp_path, tiny_run_config(tiny_checkpoint, *RUN)) as folder:
-            folder.timing = {"threads": threads, "reuse_formed": True, "formation_batch": "solo"}
+        with ResultFolder(tmp_path, tiny_run_config(tiny_checkpoint, *RUN, f"threads={threads}")) as folder:
+            folder.timing = {"threads": threads}
             folder.add({"group": index, "step": 1})
             folder.end_group(index, 1.0)
             return folder.retimed()
@@ -206,3 +207,19 @@ def test_a_resume_under_other_timing_settings_says_its_seconds_mix_them(tmp_path
     assert group(3, 2) == {"threads": [1, 2]}                   # a third process: the first groups' still said
     lines = [json.loads(line) for line in (tmp_path / "groups.jsonl").read_text().splitlines()]
     assert [line["timed_under"]["threads"] for line in lines] == [1, 1, 2, 2]
+    (tmp_path / "groups.jsonl").write_text("".join(json.dumps({k: v for k, v in line.items() if k != "timed_under"})
+                                                   + "\n" for line in lines))      # as written before the record
+    with ResultFolder(tmp_path, tiny_run_config(tiny_checkpoint, *RUN, "threads=2")) as folder:
+        assert folder.retimed({"threads": 3}) == {"threads": [2, 3]}
+    with pytest.raises(ConfigError, match=r"holds a run with other settings \(formation_batch\)"):
+        ResultFolder(tmp_path, tiny_run_config(tiny_checkpoint, *RUN, "threads=2", "formation_batch=batched"))
+
+
+def test_shards_run_under_other_threads_merge_into_a_run_that_says_so(tmp_path, tiny_checkpoint):
+    """Shards may run under other threads: the merged run keeps each group's, and its run.json says they mix."""
+    for i in range(2):
+        run(tiny_run_config(tiny_checkpoint, *RUN, f"shard={i}/2", f"threads={i + 1}"), str(tmp_path / f"{i}_run"))
+    [merged] = merge_sweep(tmp_path)
+    lines = [json.loads(line) for line in (merged / "groups.jsonl").read_text().splitlines()]
+    assert [line["timed_under"]["threads"] for line in lines] == [1, 2, 1, 2]
+    assert json.loads((merged / "run.json").read_text())["seconds"]["retimed"] == {"threads": [1, 2]}

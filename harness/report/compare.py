@@ -33,7 +33,7 @@ from harness.results.summary import phase_totals, run_folders
 
 IDENTITY = ("group", "step", "position", "subset", "id", "layer")     # what names a question within a run
 MEASURED = ("seconds", "peak_mb")     # how long and how much memory: the machine's, not the answer's
-IGNORED = ResultFolder.FREE
+IGNORED = (*ResultFolder.FREE, "reuse_formed", "formation_batch")    # settings that change no answer
 SCORED = ("bertscore",)                # numbers computed by another model from the answer's text
 
 

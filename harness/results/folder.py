@@ -97,7 +97,7 @@ class RunLock:
             self.handle.close()
             raise ConfigError(f"{folder} is being written by another run ({holder}); wait for it to end or "
                               f"choose another output folder") from None
-        except OSError as err:          # a filesystem without locks (NFS or Lustre mounted without flock)
+        except OSError as err:          # a filesystem that refuses locks (Lustre mounted without flock)
             self.handle.close()
             raise ConfigError(f"{folder} cannot be locked for its one writer ({err.strerror or err}): its filesystem "
                               f"takes no flock; choose an output folder on one that does (a local disk, or a mount "
@@ -135,12 +135,11 @@ def digest(lines: list[str]) -> str:
 
 
 class ResultFolder:
-    # settings that do not change a run's answers: a resumed run may change them
-    FREE = ("threads", "logger", "resume", "allow_beyond_window",   # change no answer (allow_beyond_window: whether
-            "reuse_formed", "formation_batch")                      # one runs; reuse_formed, formation_batch: what
-                                                                    # formation costs)
-    TIMING = ("threads", "reuse_formed", "formation_batch")         # those of FREE that change what a group costs:
-                                                                    # each group's, as in effect, in groups.jsonl
+    # settings that change neither a run's answers nor what it is (allow_beyond_window: whether one runs): a resumed
+    # run, a shard, may change them (reuse_formed and formation_batch change no answer either, but what formation
+    # costs: a timed run of another is another run, in a column of its own)
+    FREE = ("threads", "logger", "resume", "allow_beyond_window")
+    TIMING = ("threads",)               # those of FREE that change what a group costs: each group's, in groups.jsonl
 
     def __init__(self, folder: str | Path, cfg, resume: bool = True):
         self.folder = Path(folder)
@@ -152,7 +151,7 @@ class ResultFolder:
         self.lines: dict[int, list[str]] = {}             # group -> its record lines as written
         self.rerun: list[int] = []                        # finished groups whose records were damaged
         self.cfg, self.kept = cfg, []                     # what the folder's files become at the first write
-        self.timed: dict[int, dict] = {}                  # finished group -> the TIMING settings it ran under
+        self.timed: dict[int, dict | None] = {}           # finished group -> the TIMING settings it ran under
         self.timing: dict | None = None                   # those this process runs groups under (the runner's)
         self._predictions = self._groups = None
         try:
@@ -192,7 +191,10 @@ class ResultFolder:
         """Keep the finished groups whose records on disk are the ones they finished with (the rest run again);
         returns their record lines, in file order."""
         found = finished(self.folder)
-        self.done, self.lines, self.rerun, self.timed = found.seconds, found.lines, found.damaged, found.timed
+        self.done, self.lines, self.rerun = found.seconds, found.lines, found.damaged
+        configured = {key: value for key in self.TIMING     # a group older than timed_under: its config's, if set
+                      if (value := read_config(self.folder).get(key)) is not None}
+        self.timed = {group: timed or configured or None for group, timed in found.timed.items()}
         self.records = found.records
         return [line for line, _ in found.kept]
 
@@ -205,12 +207,12 @@ class ResultFolder:
         timed = {"timed_under": self.timed[group]} if self.timed.get(group) else {}
         return {"group": group, "seconds": self.done[group], "records": len(lines), "sha256": digest(lines), **timed}
 
-    def retimed(self) -> dict[str, list]:
-        """Each TIMING setting under which the finished groups (and this process's, `timing`) ran with more than
-        one value: those values, in the order first seen. Empty where their seconds are of one setting."""
+    def retimed(self, now: dict | None = None) -> dict[str, list]:
+        """Each TIMING setting under which the finished groups (and `now`: those the next would run under) ran with
+        more than one value: those values, in the order first seen. Empty where their seconds are of one setting."""
         seen: dict[str, list] = {}
-        for timed in [*self.timed.values(), self.timing]:
-            for key, value in (timed or {}).items():
+        for timed in [*self.timed.values(), now]:
+            for key, value in (timed if isinstance(timed, dict) else {}).items():
                 seen.setdefault(key, [])
                 if value not in seen[key]:
                     seen[key].append(value)
@@ -257,7 +259,7 @@ class ResultFolder:
         self._open()
         self.done[group] = seconds
         if self.timing is not None:
-            self.timed[group] = self.timing
+            self.timed[group] = dict(self.timing)
         with self.writing():
             self._groups.write(json.dumps(self._group_line(group)) + "\n")
             self._groups.flush()
@@ -293,7 +295,7 @@ class ResultFolder:
 # (`memdefrag migrate`) without a guess.
 LATER_SETTINGS = {"memory_on": "model", "shard": None, "resume": True, "study": None, "decode": None,
                   "allow_beyond_window": True,      # nothing was refused before the window check: every read ran
-                  "reuse_formed": True, "formation_batch": None,    # the defaults: what formation cost is run.json's
+                  "reuse_formed": True, "formation_batch": None,    # the defaults (run.json says what ran)
                   "forgetting": {"_target_": "methods.forgetting.NoForgetting", "label": "unbounded"},
                   "compression": {"_target_": "methods.compression.compressor.NoCompression", "label": "none"}}
 LATER_PLUGIN_SETTINGS = {                  # the same for a plugin's options, by its _target_
@@ -410,7 +412,7 @@ class Finished(NamedTuple):
     lines: dict[int, list[str]]
     damaged: list[int]
     kept: list[tuple[str, dict]]
-    timed: dict[int, dict]              # finished group -> the timing settings it ran under (where it says)
+    timed: dict[int, dict | None]       # finished group -> the timing settings it ran under (where it says)
 
     @property
     def records(self) -> list[dict]:

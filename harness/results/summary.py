@@ -16,13 +16,12 @@ from omegaconf import OmegaConf
 
 from evals.stats import wilson
 from harness.errors import ConfigError, OneLineParser
-from harness.results.folder import as_of_now, finished, flattened, read_config
+from harness.results.folder import ResultFolder, as_of_now, finished, flattened, read_config
 
 
-# settings a run's label already says, or that do not make it another run (reuse_formed and formation_batch do
-# make another timed run: a table of runs that differ in them gives each its column)
+# settings a run's label already says, or that do not make it another run (ResultFolder.FREE among them)
 IMPLIED = ("method._target_", "method.k", "method.label", "forgetting", "compression", "task.dataset",
-           "task.eval_steps", "task.groups", "shard", "threads", "logger", "resume", "study", "allow_beyond_window")
+           "task.eval_steps", "task.groups", "shard", "study", *ResultFolder.FREE)
 
 
 def phase_totals(records) -> dict[str, float]:

@@ -231,12 +231,11 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
     window = Window(trained_window(model.config), cfg.allow_beyond_window, spec.name, WAYS_OUT)
     if folder.done:
         log.info("resuming %s: %d of %d groups already finished", run_dir, len(folder.done), len(groups))
-    folder.timing = {"threads": torch.get_num_threads(), "reuse_formed": cfg.reuse_formed,
-                     "formation_batch": cfg.formation_batch or default_formation_batch(model.device)}
-    if folder.done and folder.retimed():
+    folder.timing = {"threads": torch.get_num_threads()}      # ResultFolder.TIMING, as in effect
+    if folder.done and (retimed := folder.retimed(folder.timing)):
         log.warning("%s: resumed under other timing settings than its finished groups ran under (%s): its seconds "
                     "per group mix them (run.json: seconds.retimed)", run_dir,
-                    ", ".join(f"{key} {' then '.join(map(str, values))}" for key, values in folder.retimed().items()))
+                    ", ".join(f"{key} {' then '.join(map(str, values))}" for key, values in retimed.items()))
     if folder.rerun:
         log.warning("%s: groups %s had damaged, missing or doubled records on disk: they run again", run_dir,
                     folder.rerun)
@@ -266,7 +265,9 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
         metrics = metrics_table(task, records, label)
         info = {"method": label, "forgetting": cfg.forgetting.label, "capacity": forgetting.capacity,
                 "model": spec.name, "dtype": spec.dtype, "device": str(model.device), "self_check": verdict,
-                "backend": cfg.backend, "decode": cfg.decode or default_decode(model.device), **folder.timing,
+                "backend": cfg.backend, "decode": cfg.decode or default_decode(model.device),
+                "formation_batch": cfg.formation_batch or default_formation_batch(model.device),
+                "reuse_formed": cfg.reuse_formed, **folder.timing,
                 "compression": compression_summary(compressor, compressed), "task": task.describe(),
                 "formation": cfg.formation, "prompt": cfg.prompt, "groups": len(groups),
                 "window": window_summary(window.limit, cfg.allow_beyond_window, records),
