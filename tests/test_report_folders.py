@@ -79,7 +79,8 @@ def test_a_migration_leaves_a_group_cut_by_a_kill_to_run_again(tmp_path):
     out."""
     run = tmp_path / "r" / "bm25"
     ranked = {"target_rank": 1}                        # a retriever's records older than `ranked_by`: a hook adds it
-    fake_run(run, "Retention", "vanilla", answers(0, **ranked) + answers(1, **ranked), method_options={"ranker": "bm25"})
+    fake_run(run, "Retention", "vanilla", answers(0, **ranked) + answers(1, **ranked),
+             method_options={"ranker": "bm25"})
     vouched(run, [0, 1])
     lines = (run / "predictions.jsonl").read_text().splitlines()
     (run / "predictions.jsonl").write_text("\n".join(lines[:3] + [lines[3][:9]]))      # group 1's second cut

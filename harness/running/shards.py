@@ -94,8 +94,8 @@ def merge(shard_dirs: list[Path], target: Path, cfg) -> Path:
         infos.append(read_run_info(path))
         shards.append(finished(path))
         if shards[-1].damaged or len(shards[-1].seconds) != infos[-1].get("groups"):
-            raise ConfigError(f"shard {path} has not finished: its groups.jsonl vouches for "
-                              f"{len(shards[-1].seconds)} of its {infos[-1].get('groups')} groups; rerun it, it resumes")
+            raise ConfigError(f"shard {path} has not finished: its groups.jsonl vouches for {len(shards[-1].seconds)} "
+                              f"of its {infos[-1].get('groups')} groups; rerun it, it resumes")
     records = sorted((r for shard in shards for r in shard.records), key=lambda r: r["group"])   # steps in order
     seconds = {group: s for shard in shards for group, s in shard.seconds.items()}
     metrics = metrics_table(build(cfg.task, "task"), records, cfg.method.label)
