@@ -65,12 +65,12 @@ def migrate_records(folder: Path, config: dict) -> bool:
     """Annotate predictions.jsonl with RECORD_HOOKS and rehash groups.jsonl's finished groups; a group whose records
     no longer match what it finished with (a kill cut it, or a line was doubled) keeps its old hash, so that a resume
     still runs it again and a report leaves it out. True where anything changed."""
-    damaged = set(finished(folder).damaged)
     lines = read_lines(folder / "predictions.jsonl")
     records = with_hooks(config, [record for _, record in lines])
     written = [json.dumps(record) for record in records]
     if written == [line for line, _ in lines]:
         return False
+    damaged = set(finished(folder).damaged)             # read before the records are rewritten
     atomic_write(folder / "predictions.jsonl", "".join(line + "\n" for line in written))
     groups = folder / "groups.jsonl"
     if groups.is_file():

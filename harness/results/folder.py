@@ -156,8 +156,7 @@ class ResultFolder:
         self._predictions = self._groups = None
         try:
             if resume and (self.folder / "groups.jsonl").exists():
-                self._check_same_run(cfg)
-                self.kept = self._verified_groups()
+                self.kept = self._verified_groups(self._check_same_run(cfg))
             self._check_writable()
         except BaseException:
             self.lock.release()
@@ -187,13 +186,13 @@ class ResultFolder:
                 self._groups = _rewrite(self.folder / "groups.jsonl", [self._group_line(g) for g in self.done])
                 atomic_write(self.folder / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
 
-    def _verified_groups(self) -> list[str]:
+    def _verified_groups(self, earlier) -> list[str]:
         """Keep the finished groups whose records on disk are the ones they finished with (the rest run again);
-        returns their record lines, in file order."""
+        returns their record lines, in file order. earlier: the folder's config.yaml, as it was read."""
         found = finished(self.folder)
         self.done, self.lines, self.rerun = found.seconds, found.lines, found.damaged
-        configured = {key: value for key in self.TIMING     # a group older than timed_under: its config's, if set
-                      if (value := read_config(self.folder).get(key)) is not None}
+        configured = {key: earlier.get(key) for key in self.TIMING      # a group older than timed_under: its
+                      if earlier.get(key) is not None}                  # config's, where set
         self.timed = {group: timed or configured or None for group, timed in found.timed.items()}
         self.records = found.records
         return [line for line, _ in found.kept]
@@ -218,20 +217,22 @@ class ResultFolder:
                     seen[key].append(value)
         return {key: values for key, values in seen.items() if len(values) > 1}
 
-    def _check_same_run(self, cfg) -> None:
+    def _check_same_run(self, cfg):
+        """Refuse a run with other settings than the folder's; returns the folder's config.yaml."""
         def comparable(conf):
             return {k: v for k, v in as_of_now(OmegaConf.to_container(conf, resolve=True)).items()
                     if k not in self.FREE}
         try:
-            before = comparable(read_config(self.folder))
+            earlier = read_config(self.folder)
         except ConfigError as err:
             raise ConfigError(f"{self.folder} holds results but {err}; choose another output folder, or pass "
                               f"resume=false to start it over") from None
-        before, now = flattened(before), flattened(comparable(cfg))
+        before, now = flattened(comparable(earlier)), flattened(comparable(cfg))
         changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
         if changed:
             raise ConfigError(f"{self.folder} holds a run with other settings ({', '.join(changed)}); "
                               "choose another output folder, or pass resume=false to start it over")
+        return earlier
 
     @contextmanager
     def writing(self):
