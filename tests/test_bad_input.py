@@ -436,6 +436,8 @@ COMMAND_CASES = {   # the other commands: argv -> what the one line says ({tmp}:
     "bench saving into a read-only folder": (["memdefrag-bench", "--shape", "tiny", "--save-random", "{tmp}/ro/rnd"],
                                              "--save-random {tmp}/ro/rnd: cannot be written ({tmp}/ro is a folder "
                                              "this user may not write)"),
+    "bench saving over a folder that holds files": (["memdefrag-bench", "--shape", "tiny", "--save-random", "{tmp}/runs"],
+                                                    "--save-random {tmp}/runs: holds files already"),
     "compare writing its JSON into a read-only folder": (["memdefrag", "compare", "{tmp}/runs", "{tmp}/runs",
                                                           "--json", "{tmp}/ro/d.json"],
                                                          "--json {tmp}/ro/d.json: cannot be written"),

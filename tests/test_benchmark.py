@@ -1,5 +1,7 @@
 """memdefrag-bench end to end on a tiny random shape, the path a GPU run takes (--shape, --device, --dtype)."""
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import torch
@@ -145,6 +147,29 @@ def test_a_random_checkpoint_states_its_size_first_and_is_refused_where_the_disk
         main(["--shape", "tiny", "--save-random", str(tmp_path / "full")])
     err = capsys.readouterr().err.strip()
     assert stopped.value.code == 2 and "\n" not in err and "GB free" in err and not (tmp_path / "full").exists()
+
+
+def test_a_random_checkpoint_cut_short_leaves_no_folder_and_the_next_save_clears_what_it_left(tmp_path, monkeypatch):
+    """A save killed by a timeout (results/run_gpu.sh bounds each part) must not leave a folder that the next part
+    takes for a checkpoint (run_gpu.sh uses a folder that exists), nor 16 GB of its parts on a 64 GiB disk."""
+    from transformers import PreTrainedModel
+
+    def cut(self, folder, **kwargs):
+        (Path(folder) / "model-00001-of-00004.safetensors").parent.mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "model-00001-of-00004.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt                                   # the timeout's signal, mid-write
+
+    with monkeypatch.context() as patched:
+        patched.setattr(PreTrainedModel, "save_pretrained", cut)
+        with pytest.raises(SystemExit) as stopped:
+            main(["--shape", "tiny", "--save-random", str(tmp_path / "ckpt")])
+    assert stopped.value.code == 130 and not (tmp_path / "ckpt").exists() and not list(tmp_path.glob(".ckpt.*.tmp"))
+    killed = tmp_path / ".ckpt.999999.tmp"                        # what a SIGKILLed writer leaves
+    killed.mkdir()
+    (killed / "config.json").write_text("{}")
+    main(["--shape", "tiny", "--save-random", str(tmp_path / "ckpt")])
+    assert not killed.exists() and (tmp_path / "ckpt" / "config.json").is_file()
+    assert any((tmp_path / "ckpt").glob("*.safetensors"))
 
 
 def test_each_rows_per_token_time_is_stated_against_transformers_static_generate(tmp_path):

@@ -44,6 +44,7 @@ from transformers import AutoModelForCausalLM
 from evals.retention import Retention
 from harness.errors import ConfigError, OneLineParser, stops_on_config_error
 from harness.measurement.kernels import kernels
+from harness.models import cache
 from harness.results.paths import nearest_existing, writable_file, writable_folder
 from harness.models.loading import DTYPES, check_device
 from harness.models.shapes import SHAPES, build, tokenizer_of
@@ -89,13 +90,18 @@ def room_for_checkpoint(folder: str, shape: str, dtype: str) -> None:
 
 def save_random(shape: str, folder: str, device: str, dtype: str, tokenizer: str | None = None) -> None:
     """A loadable checkpoint of `shape` with random weights and the shape's tokenizer, for whole harness runs
-    (`memdefrag model=hf model.source=<folder>`) of a real shape where real weights cannot travel."""
-    model, tokens, _, _ = build(shape, device, dtype, tokenizer)
-    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        setattr(model.config, name, getattr(tokens, name))
-        setattr(model.generation_config, name, getattr(tokens, name))
-    model.save_pretrained(folder)
-    tokens.save_pretrained(folder)
+    (`memdefrag model=hf model.source=<folder>`) of a real shape where real weights cannot travel. Written whole
+    or not at all: a save cut short (a timeout, a full disk) leaves no folder that a later run would take for a
+    checkpoint, and the next save removes what it left before counting the room."""
+    Path(folder).parent.mkdir(parents=True, exist_ok=True)
+    with cache.locked(Path(folder)), cache.written_whole(Path(folder)) as partial:
+        room_for_checkpoint(folder, shape, dtype)
+        model, tokens, _, _ = build(shape, device, dtype, tokenizer)
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            setattr(model.config, name, getattr(tokens, name))
+            setattr(model.generation_config, name, getattr(tokens, name))
+        model.save_pretrained(partial)
+        tokens.save_pretrained(partial)
 
 
 class PeakMemory:
@@ -341,7 +347,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                 writable_file(flag, path)
         if args.save_random:
             writable_folder("--save-random", args.save_random)
-            room_for_checkpoint(args.save_random, args.shape, args.dtype)
+            if Path(args.save_random).is_dir() and any(Path(args.save_random).iterdir()):
+                raise ConfigError(f"--save-random {args.save_random}: holds files already (a checkpoint is written "
+                                  f"whole, into a folder of its own); give a new or empty folder")
         tokenizer = tokenizer_of(args.tokenizer)
         if not args.save_random:                  # saving a random checkpoint reads no data
             try:
@@ -366,7 +374,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     torch.set_num_threads(args.threads)
     if args.save_random:
-        save_random(args.shape, args.save_random, args.device, args.dtype, args.tokenizer)
+        with stops_on_config_error("memdefrag-bench"):          # no room, once a killed save's parts are gone
+            save_random(args.shape, args.save_random, args.device, args.dtype, args.tokenizer)
         print(args.save_random)
         return
     model, tokenizer, tracer_layer, query_mode = build(args.shape, args.device, args.dtype, args.tokenizer)

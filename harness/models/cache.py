@@ -162,6 +162,20 @@ def verify() -> list[tuple[Path, bool]]:
     return found
 
 
+@contextlib.contextmanager
+def written_whole(entry: Path):
+    """A temporary path beside `entry` (a file or a folder) to write it into, renamed to `entry` when the block
+    ends and removed if it fails; temporaries a killed writer left are removed first. Hold locked(entry)."""
+    for stale in entry.parent.glob(f".{entry.name}.*.tmp"):
+        _remove(stale)
+    partial = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
+    try:
+        yield partial
+        os.replace(partial, entry)
+    finally:
+        _remove(partial)
+
+
 def build(entry: Path, make) -> Path:
     """`entry` (a folder or a file in the cache), built by make(temporary path) unless it is intact; built
     whole or not at all, once under concurrent first uses; a damaged entry is built again."""
@@ -170,20 +184,17 @@ def build(entry: Path, make) -> Path:
     with locked(entry):
         if intact(entry):                        # another process built it while we waited
             return entry
-        for stale in entry.parent.glob(f".{entry.name}.*.tmp"):     # left by a killed builder
-            _remove(stale)
-        partial = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
         try:
-            make(partial)
-            files = sorted(p for p in partial.rglob("*") if p.is_file()) if partial.is_dir() else [partial]
-            record = _record(files, partial if partial.is_dir() else partial.parent)
-            if partial.is_file():
-                record = {entry.name: record.pop(partial.name)}
-            _remove(entry)
-            _manifest_of(entry).unlink(missing_ok=True)
-            if partial.is_dir():
-                write_json(partial / MANIFEST, record)
-            os.replace(partial, entry)
+            with written_whole(entry) as partial:
+                make(partial)
+                files = sorted(p for p in partial.rglob("*") if p.is_file()) if partial.is_dir() else [partial]
+                record = _record(files, partial if partial.is_dir() else partial.parent)
+                if partial.is_file():
+                    record = {entry.name: record.pop(partial.name)}
+                _remove(entry)
+                _manifest_of(entry).unlink(missing_ok=True)
+                if partial.is_dir():
+                    write_json(partial / MANIFEST, record)
             if entry.is_file():
                 write_json(_manifest_of(entry), record)
         except OSError as err:
@@ -191,8 +202,6 @@ def build(entry: Path, make) -> Path:
                 raise ConfigError(f"MEMDEFRAG_CACHE={str(cache_dir())!r}: cannot write {entry.name} "
                                   f"({err.strerror}); make room or point MEMDEFRAG_CACHE elsewhere") from None
             raise
-        finally:
-            _remove(partial)
     return entry
 
 
