@@ -2,7 +2,9 @@
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from contextlib import contextmanager
 
 from methods.errors import ConfigError
@@ -10,19 +12,26 @@ from methods.errors import ConfigError
 
 @contextmanager
 def stops_on_config_error(prog: str):
-    """Bad input ends the command with one line on stderr and exit status 2, never a traceback; Ctrl-C with one
-    line and 130, as a shell's interrupted command. Inside a submitit job either is raised: the job ends failed and
-    its launcher brings the line back (harness.running.slurm)."""
+    """Bad input ends the command with one line on stderr and exit status 2, never a traceback; Ctrl-C, or SIGTERM
+    (`kill`, `timeout`), with one line and 130, as a shell's interrupted command, after the `finally`s on the way
+    have run. Inside a submitit job either is raised: the job ends failed and its launcher brings the line back
+    (harness.running.slurm, whose handlers own the job's signals)."""
+    in_job = bool(os.environ.get("SUBMITIT_EXECUTOR"))
+    ours = not in_job and threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if ours else None
     try:
         yield
     except (ConfigError, KeyboardInterrupt) as err:
-        if os.environ.get("SUBMITIT_EXECUTOR"):
+        if in_job:
             raise
         if isinstance(err, KeyboardInterrupt):
             print(f"{prog}: interrupted{f': {err}' if str(err) else ''}", file=sys.stderr)
             sys.exit(130)
         print(f"{prog}: error: {err}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        if ours:
+            signal.signal(signal.SIGTERM, previous)
 
 
 class Interrupted(KeyboardInterrupt):

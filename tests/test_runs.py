@@ -61,19 +61,29 @@ def test_bad_shards_are_refused(spec):
         parse(spec)
 
 
-def test_a_run_killed_mid_group_resumes_to_the_same_result(tmp_path, tiny_checkpoint):
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_a_run_killed_mid_group_resumes_to_the_same_result(tmp_path, tiny_checkpoint, how):
+    """Killed mid-way through a group: the same command resumes it. SIGKILL ends it where it is; SIGTERM (`kill`,
+    `timeout`) ends it as Ctrl-C does: one line saying what it kept, exit status 130."""
     overrides = [*RUN, "task.groups=12", "task.updates=4"]
     run(tiny_run_config(tiny_checkpoint, *overrides), str(tmp_path / "whole"))
     command = [sys.executable, "-m", "harness", *tiny_overrides(tiny_checkpoint), *overrides,
                f"hydra.run.dir={tmp_path / 'killed'}"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ, text=True)
     marker = tmp_path / "killed" / "groups.jsonl"
     while not (marker.exists() and marker.read_text().count("\n") >= 2):
         assert process.poll() is None, "the run ended before it could be killed"
         time.sleep(0.02)
-    process.kill()                                                       # SIGKILL, mid-way through a group
-    assert process.wait() == -9
+    process.send_signal(how)                                             # mid-way through a group
+    err = process.communicate(timeout=60)[1]
     finished = marker.read_text().count("\n")
+    if how == signal.SIGKILL:
+        assert process.returncode == -9
+    else:
+        assert process.returncode == 130 and "Traceback" not in err, err[-2000:]
+        assert err.splitlines()[-1] == (f"memdefrag: interrupted: {finished} of 12 groups finished, kept in "
+                                        f"{tmp_path / 'killed'}; the same command given that folder (hydra.run.dir, "
+                                        f"or a sweep's hydra.sweep.dir) resumes it")
     assert 2 <= finished < 12
     done = subprocess.run(command, capture_output=True, text=True, env=os.environ, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
