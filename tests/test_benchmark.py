@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from harness.measurement.benchmark import PROFILED, PeakMemory, main, short_budget, timings
+from harness.measurement.device import device_name
 from methods.session import Answer
 
 
@@ -15,7 +16,8 @@ def test_the_benchmark_times_every_method_at_a_fixed_answer_length_and_checks_bo
     main(["--shape", "tiny", "--sizes", "2", "3", "--new-tokens", "5", "--repeats", "2", "--threads", "1",
           "--hidden-prefix", "--out", str(out)])
     header, _, *lines = out.read_text().splitlines()
-    assert header.startswith("model=tiny (random weights), device=cpu, dtype=float32, threads=1")
+    assert header.startswith(f"model=tiny (random weights), device=cpu ({device_name(torch.device('cpu'))}), "
+                             f"dtype=float32, threads=1")
     table = pd.DataFrame([[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]],
                          columns=[c.strip() for c in lines[0].strip("|").split("|")])
     assert sorted(set(table.method)) == ["memdefrag_top1", "memdefrag_top2", "none", "vanilla"]
@@ -223,3 +225,18 @@ def test_the_profile_ranks_each_methods_kernels_by_their_time(tmp_path):
         assert list(ms) == sorted(ms, reverse=True) and ms.sum() <= float(whole.ms) * 1.001
         assert int(whole.calls) >= listed.calls.astype(int).sum()
         assert listed.kernel.str.contains(r"aten::(?:addmm|mm|bmm|matmul|linear)").any(), ranked
+
+
+@pytest.mark.parametrize("cpuinfo, name", [
+    ("model name\t: Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz\nmodel name\t: the second core",
+     "Intel Xeon Platinum 8375C"),
+    ("processor\t: 0\nmodel name\t: AMD EPYC 7763 64-Core Processor\n", "AMD EPYC 7763 64-Core"),
+    ("model name\t: Intel(R) Xeon(R) Processor\n", "Intel Xeon"),
+    ("processor\t: 0\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n", "cpu ("),          # an Arm server: no names
+])
+def test_a_cpu_is_named_by_its_model_as_the_tables_show_it(cpuinfo, name):
+    """tab:runtime's rows name the machine their seconds are of: a CPU by its model, trademarks and clock left
+    out; where the kernel names none, by its architecture."""
+    from harness.measurement.device import cpu_model
+
+    assert cpu_model(cpuinfo).startswith(name) and "(R)" not in cpu_model(cpuinfo)

@@ -46,8 +46,8 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
                       "seconds": {"per_group": per_group}}, study="runtime", dataset=dataset)
     for job, (method, mb) in enumerate((("none", 15e9 / 2**20), ("memdefrag_top2", 19.73e9 / 2**20))):
         fake_run(tmp_path / "g" / f"{job}_{method}", "Retention", method, steps, "informativeness",
-                 {"threads": 1, "model": "llama31_8b", "device": "cuda:0", "dtype": "bfloat16",
-                  "peak_memory": {"cpu_rss_mb": 3000, "cuda_mb": mb}}, study="gpu_memory")
+                 {"threads": 1, "model": "llama31_8b", "device": "cuda:0", "device_name": "NVIDIA H200",
+                  "dtype": "bfloat16", "peak_memory": {"cpu_rss_mb": 3000, "cuda_mb": mb}}, study="gpu_memory")
     for job, rate in enumerate((0.3, 1.0)):
         fake_run(tmp_path / "c" / f"{job}_top3", "Retention", "memdefrag_top3",
                  [{"group": 0, "step": 10, "correct": rate < 1, "target_rank": 1}], "informativeness",
@@ -78,8 +78,9 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert re.search(r"\| nqa \(llama31_8b, cuda:0\) +\| +64.2 \| +75.07 \|", runtime)      # a device's runs on rows of
     assert re.search(r"\| squad \(llama31_8b, cuda:0\) +\| +60 +\| +70 +\|", runtime)       # their own
     assert "12.5" not in runtime                                        # a run of another study
-    memory = readme.split("(`tab:gpu-memory`)")[1].split("\n## ")[0]
-    assert re.search(r"\| nqa \(llama31_8b, cuda:0\) +\| +15 \| +19.73 \|", memory)
+    memory = readme.split("(`tab:gpu-memory`)")[0].split("## ")[-1] + readme.split("(`tab:gpu-memory`)")[1].split("\n## ")[0]
+    assert re.search(r"\| nqa \(llama31_8b, NVIDIA H200\) +\| +15 \| +19.73 \|", memory)    # named where recorded
+    assert "; device NVIDIA H200; " in memory
     compressed = readme.split("(`tab:compression_comparison`)")[1].split("\n## ")[0]
     assert re.search(r"\| self_information@0.3 +\|", compressed)
     assert "Every run: memdefrag_top3+informativeness." in compressed

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from harness.errors import ConfigError
 from harness.results.folder import ResultFolder
@@ -223,6 +224,26 @@ def test_a_resume_under_other_threads_says_its_seconds_mix_them(tmp_path, tiny_c
         assert folder.retimed({"threads": 3}) == {"threads": [2, 3]}
     with pytest.raises(ConfigError, match=r"holds a run with other settings \(formation_batch\)"):
         ResultFolder(tmp_path, tiny_run_config(tiny_checkpoint, *RUN, "threads=2", "formation_batch=batched"))
+
+
+def test_a_run_names_its_device_and_a_resume_on_another_says_its_seconds_mix_them(tmp_path, tiny_checkpoint,
+                                                                                  monkeypatch):
+    """model.device=auto (every shipped model's) may pick another device on resume: each group records the name
+    of the one it ran on (a CPU's model, a GPU's name), run.json names the device, and a resume on another says
+    that its seconds per group mix them, as under other threads."""
+    from harness.measurement.device import device_name
+    from harness.running import runner
+
+    here = device_name(torch.device("cpu"))
+    run(tiny_run_config(tiny_checkpoint, *RUN), str(tmp_path))
+    assert json.loads((tmp_path / "run.json").read_text())["device_name"] == here
+    groups = (tmp_path / "groups.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["timed_under"]["device_name"] == here for line in groups)
+    (tmp_path / "groups.jsonl").write_text("\n".join(groups[:-1]) + "\n")          # killed before its last group
+    monkeypatch.setattr(runner, "device_name", lambda device: "NVIDIA H200")        # resumed on another machine
+    run(tiny_run_config(tiny_checkpoint, *RUN), str(tmp_path))
+    assert json.loads((tmp_path / "run.json").read_text())["seconds"]["retimed"] == {"device_name": [here,
+                                                                                                     "NVIDIA H200"]}
 
 
 def test_shards_run_under_other_threads_merge_into_a_run_that_says_so(tmp_path, tiny_checkpoint):

@@ -43,6 +43,7 @@ from transformers import AutoModelForCausalLM
 
 from evals.retention import Retention
 from harness.errors import ConfigError, OneLineParser, stops_on_config_error
+from harness.measurement.device import device_name
 from harness.measurement.kernels import kernels
 from harness.models import cache
 from harness.results.paths import nearest_existing, writable_file, writable_folder
@@ -433,7 +434,8 @@ def tabled(args: argparse.Namespace, model, hardware: Hardware, rows: list[dict]
         from torch._dynamo.utils import counters
         compiled = f" (graphs compiled in this process: {counters['stats']['unique_graphs']})"
     where = (f"model={args.shape or 'smollm2'}{' (random weights)' if args.shape else ''}, "
-             f"device={model.device}, dtype={args.dtype}, threads={torch.get_num_threads()}, "
+             f"device={model.device} ({device_name(model.device)}), dtype={args.dtype}, "
+             f"threads={torch.get_num_threads()}, "
              f"dataset={args.dataset}, {args.new_tokens} generated tokens, best of {args.repeats} questions right "
              f"after an update and of {args.repeats} others over the same memory, methods taking turns; "
              f"{steady_header(args.new_tokens)}the floors: "

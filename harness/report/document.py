@@ -233,7 +233,7 @@ def study_table(runs, study: str, value, per_group: bool) -> tuple[pd.DataFrame,
         return None
     chosen, labels = study_runs(runs, study)
     frame = pd.DataFrame([{"dataset": f"{named(r, r.config['task']['dataset'])} ({r.info.get('model')}, "
-                                      f"{r.info.get('device')})", "method": label, "value": value(r),
+                                      f"{r.device})", "method": label, "value": value(r),
                            "groups": r.info.get("groups") or 1}
                           for r, label in zip(chosen, labels)])        # a CPU's and a GPU's runs on rows of their own
     frame["groups"] = frame["groups"].where(frame["value"].notna())
@@ -243,7 +243,8 @@ def study_table(runs, study: str, value, per_group: bool) -> tuple[pd.DataFrame,
     order = {label: (*baselines_first(r), label) for r, label in zip(chosen, labels)}
     table = table[sorted(order, key=order.get)]          # the same columns whichever folder a run lies in
     table.columns.name = None
-    setting = {key: sorted({str(r.info.get(key, BEFORE_THE_SETTING.get(key))) for r in chosen})
+    setting = {key: sorted({str(r.device if key == "device" else r.info.get(key, BEFORE_THE_SETTING.get(key)))
+                            for r in chosen})
                for key in ("model", "device", "dtype", "threads", "groups", "decode", "formation_batch",
                            "reuse_formed")}
     mixed = [label for r, label in zip(chosen, labels) if r.info.get("seconds", {}).get("retimed")]

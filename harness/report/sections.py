@@ -51,6 +51,12 @@ class Run:
         return self.config["model"]["name"]
 
     @property
+    def device(self) -> str | None:
+        """What it ran on: the device's name where run.json records it (`NVIDIA H200`, a CPU's model), else as
+        torch names it (`cuda:0`, `cpu`)."""
+        return self.info.get("device_name") or self.info.get("device")
+
+    @property
     def study(self) -> str | None:
         """The experiment that made the run, where its tables take only their own runs."""
         return self.config.get("study")
@@ -146,7 +152,7 @@ def refuse_repeated_groups(table: str, runs: list[Run], rows: list[str], per_dev
     whose questions would count twice. Shards of a run answer groups of their own, and pool."""
     answered: dict[tuple, Run] = {}
     for run, row in zip(runs, rows):
-        seed, device = run.config["task"].get("seed"), run.info.get("device") if per_device else None
+        seed, device = run.config["task"].get("seed"), run.device if per_device else None
         for group in dict.fromkeys(record.get("group") for record in run.records):
             first = answered.setdefault((run.model, run.config["task"]["dataset"], device, row, seed, group), run)
             if first is not run:

@@ -139,7 +139,9 @@ class ResultFolder:
     # run, a shard, may change them (reuse_formed and formation_batch change no answer either, but what formation
     # costs: a timed run of another is another run, in a column of its own)
     FREE = ("threads", "logger", "resume", "allow_beyond_window")
-    TIMING = ("threads",)               # those of FREE that change what a group costs: each group's, in groups.jsonl
+    # what a group's seconds depend on beyond its settings (threads among FREE; the device's name, where `auto` or
+    # a CUDA index may pick another on resume): each group's, in groups.jsonl
+    TIMING = ("threads", "device_name")
 
     def __init__(self, folder: str | Path, cfg, resume: bool = True):
         self.folder = Path(folder)

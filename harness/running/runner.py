@@ -6,7 +6,6 @@ import json
 import logging
 import math
 import os
-import resource
 import time
 import traceback
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
+from harness.measurement.device import device_name, peak_memory_mb, reset_peak_memory
 from harness.models import selfcheck
 from harness.running import shards
 from harness.errors import ConfigError, Interrupted, raised
@@ -56,23 +56,6 @@ def formed_fragments(spec: ModelSpec) -> FormedFragments:
     for other in [k for k in _FORMED if k != key]:
         del _FORMED[other]
     return _FORMED.setdefault(key, FormedFragments(FORMED_BYTES))
-
-
-def reset_peak_memory(device: torch.device) -> None:
-    """Start counting the CUDA allocator's peak on the model's device afresh (the jobs of a sweep share one
-    process)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_memory_mb(device: torch.device) -> dict[str, float]:
-    """Process peak RSS (over the whole process: every job it ran so far), and the CUDA allocator's peak on the
-    model's device (its first parameter's, one of several under device_map=auto) since reset_peak_memory where it
-    is a GPU."""
-    measured = {"cpu_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    if device.type == "cuda":
-        measured["cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-    return measured
 
 
 def check_given(cfg: DictConfig) -> None:
@@ -231,7 +214,8 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
     window = Window(trained_window(model.config), cfg.allow_beyond_window, spec.name, WAYS_OUT)
     if folder.done:
         log.info("resuming %s: %d of %d groups already finished", run_dir, len(folder.done), len(groups))
-    folder.timing = {"threads": torch.get_num_threads()}      # ResultFolder.TIMING, as in effect
+    folder.timing = {"threads": torch.get_num_threads(),                          # ResultFolder.TIMING, in effect
+                     "device_name": device_name(model.device)}
     if folder.done and (retimed := folder.retimed(folder.timing)):
         log.warning("%s: resumed under other timing settings than its finished groups ran under (%s): its seconds "
                     "per group mix them (run.json: seconds.retimed)", run_dir,
