@@ -5,6 +5,7 @@ each question once, only from the groups a run finished, and says in one line wh
 import hashlib
 import json
 import os
+import re
 
 import pytest
 
@@ -201,3 +202,17 @@ def test_a_table_of_a_model_given_by_its_source_says_the_command_that_makes_its_
     readme = write(tmp_path).read_text()
     assert "Command: `memdefrag experiment=accuracy model=hf model.source=/ckpt/tiny model.name=tiny`" in readme
     assert "Command: `memdefrag experiment=accuracy model=gemma3_270m`" in readme
+
+
+@pytest.mark.parametrize("source", ["/data/my ckpt,v2", 'C:\\ckpts\\it\'s "the" one', "D:\\my ckpts\\"])
+def test_a_source_path_with_a_space_or_a_comma_is_quoted_so_that_the_command_runs_as_shown(tmp_path, source):
+    """Hydra reads a comma as a sweep and the shell splits at a space: the command a table names quotes such a
+    source for both, and gives the path back whole."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    fake_run(tmp_path / "r" / "vanilla", "Retention", "vanilla", answers(0), model={"name": "tiny", "source": source})
+    command = re.search(r"Command: `memdefrag experiment=accuracy (.*)`", write(tmp_path).read_text()).group(1)
+    parsed = OverridesParser.create().parse_overrides(shlex.split(command))
+    assert {o.key_or_group: o.value() for o in parsed} == {"model": "hf", "model.source": source, "model.name": "tiny"}

@@ -8,6 +8,8 @@ A table without results says so; a task's own tables (its class's `tables`) are 
 
 from __future__ import annotations
 
+import re
+import shlex
 from pathlib import Path
 
 import pandas as pd
@@ -49,8 +51,19 @@ def of_model(label: str, model: str, runs: list[Run]) -> tuple[str, str, str]:
         return label, "", command
     shipped = (CONF / "model" / f"{model}.yaml").is_file()
     source = next((r.config["model"].get("source") for r in runs if r.model == model), None)
-    choice = f"model={model}" if shipped or source is None else f"model=hf model.source={source} model.name={model}"
+    choice = f"model={model}" if shipped or source is None else \
+        f"model=hf {override('model.source', source)} {override('model.name', model)}"
     return f"{label}_{file_part(model)}", f" on {model}", "; ".join(f"{c} {choice}" for c in command.split("; "))
+
+
+def override(key: str, value: str) -> str:
+    """`key=value` as a shell and Hydra take it: a value holding more than a path's characters (a space, a comma,
+    which Hydra reads as a sweep) quoted for Hydra, the whole quoted for the shell."""
+    if re.fullmatch(r"[\w./@:~+-]+", value):
+        return f"{key}={value}"
+    # Hydra reads a backslash as an escape only before a quote or at the string's end: those are doubled
+    escaped = re.sub(r'(\\*)("|$)', lambda m: 2 * m.group(1) + ("\\" if m.group(2) else "") + m.group(2), value)
+    return shlex.quote(f'{key}="{escaped}"')
 
 
 def retention_run(run: Run, bounded: bool) -> bool:
