@@ -484,15 +484,25 @@ def test_there_are_at_least_150_cases():
     assert len(CASES) + len(DATA_CASES) + len(ENV_CASES) + len(COMMAND_CASES) >= 150
 
 
-def test_resuming_into_a_folder_of_another_run_is_refused_before_weights_load(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("sweep", [False, True])
+def test_resuming_into_a_folder_of_another_run_is_refused_before_weights_load(tmp_path, monkeypatch, capsys, sweep):
+    """Refused before Hydra writes the folder's .hydra/ (which says what command made the results), a sweep's
+    job before any job runs."""
     from tests.test_config import composed
-    folder = tmp_path / "run"
+    folder = tmp_path / ("1_vanilla_unbounded_synthetic" if sweep else "run")
     folder.mkdir()
-    (folder / "config.yaml").write_text(OmegaConf.to_yaml(composed("task.groups=3", "logger=none"), resolve=True))
+    (folder / "config.yaml").write_text(OmegaConf.to_yaml(composed("task.groups=3", "logger=none", "method=vanilla"),
+                                                          resolve=True))
     (folder / "groups.jsonl").write_text('{"group": 0, "seconds": 1.0}\n')
+    (folder / ".hydra").mkdir()
+    (folder / ".hydra" / "overrides.yaml").write_text("- task.groups=3\n")
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
-    line = refused(["task.groups=4", "logger=none", f"hydra.run.dir={folder}"], monkeypatch, capsys)
+    given = (["-m", "method=none,vanilla", f"hydra.sweep.dir={tmp_path}"] if sweep     # the second job's folder
+             else ["method=vanilla", f"hydra.run.dir={folder}"])
+    line = refused(["task.groups=4", "logger=none", *given], monkeypatch, capsys)
     assert f"{folder} holds a run with other settings (task.groups)" in line
+    assert (folder / ".hydra" / "overrides.yaml").read_text() == "- task.groups=3\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [folder.name]                 # no job ran
 
 
 def test_a_checkpoint_that_ships_code_is_refused_unless_trusted(tmp_path, monkeypatch, capsys, no_work):

@@ -158,7 +158,7 @@ class ResultFolder:
         self._predictions = self._groups = None
         try:
             if resume and (self.folder / "groups.jsonl").exists():
-                self.kept = self._verified_groups(self._check_same_run(cfg))
+                self.kept = self._verified_groups(same_run(self.folder, cfg))
             self._check_writable()
         except BaseException:
             self.lock.release()
@@ -218,23 +218,6 @@ class ResultFolder:
                 if value not in seen[key]:
                     seen[key].append(value)
         return {key: values for key, values in seen.items() if len(values) > 1}
-
-    def _check_same_run(self, cfg):
-        """Refuse a run with other settings than the folder's; returns the folder's config.yaml."""
-        def comparable(conf):
-            return {k: v for k, v in as_of_now(OmegaConf.to_container(conf, resolve=True)).items()
-                    if k not in self.FREE}
-        try:
-            earlier = read_config(self.folder)
-        except ConfigError as err:
-            raise ConfigError(f"{self.folder} holds results but {err}; choose another output folder, or pass "
-                              f"resume=false to start it over") from None
-        before, now = flattened(comparable(earlier)), flattened(comparable(cfg))
-        changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
-        if changed:
-            raise ConfigError(f"{self.folder} holds a run with other settings ({', '.join(changed)}); "
-                              "choose another output folder, or pass resume=false to start it over")
-        return earlier
 
     @contextmanager
     def writing(self):
@@ -310,6 +293,26 @@ LATER_PLUGIN_SETTINGS = {                  # the same for a plugin's options, by
 # of 12800 memory tokens that every named model's file gave when it was added (it acts only under forgetting,
 # which the runs that predate it lack).
 LATER_MODEL_SETTINGS = {"prompt": "chat", "trust_remote_code": False, "memory_capacity": 12800}
+
+
+def same_run(folder: Path, cfg):
+    """Refuse a run with other settings than the folder's (those of ResultFolder.FREE aside); returns the folder's
+    config.yaml. The command checks each job's folder so before Hydra writes into it (harness/running/jobs.py), the
+    run again as it opens the folder."""
+    def comparable(conf):
+        return {k: v for k, v in as_of_now(OmegaConf.to_container(conf, resolve=True)).items()
+                if k not in ResultFolder.FREE}
+    try:
+        earlier = read_config(folder)
+    except ConfigError as err:
+        raise ConfigError(f"{folder} holds results but {err}; choose another output folder, or pass "
+                          f"resume=false to start it over") from None
+    before, now = flattened(comparable(earlier)), flattened(comparable(cfg))
+    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+    if changed:
+        raise ConfigError(f"{folder} holds a run with other settings ({', '.join(changed)}); "
+                          "choose another output folder, or pass resume=false to start it over")
+    return earlier
 
 
 def as_of_now(config: dict) -> dict:

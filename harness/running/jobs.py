@@ -25,6 +25,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from harness.errors import ConfigError
 from harness.plugins.contracts import LABELLED
+from harness.results.folder import same_run
 from harness.results.paths import writable_folder
 from harness.running.runner import check_given, preflight
 
@@ -91,6 +92,7 @@ class CommandLine(NamedTuple):
     lines: list[str]
     composed: DictConfig
     jobs: list[list[str]]
+    multirun: bool
 
 
 def job_overrides(config_name: str, args: list[str]) -> CommandLine:
@@ -119,12 +121,12 @@ def job_overrides(config_name: str, args: list[str]) -> CommandLine:
         raise ConfigError(f"{key}={folder or ''}: names no folder; give the folder the run writes into")
     writable_folder("output folder", folder)
     if not multirun:
-        return CommandLine(lines, base, [overrides])
+        return CommandLine(lines, base, [overrides], False)
     given = {o.key_or_group for o in parsed}
     params = base.hydra.sweeper.params
     params = OmegaConf.to_container(params) if params else {}
     return CommandLine(lines, base, expanded(parser.parse_overrides(
-        [f"{key}={value}" for key, value in params.items() if key not in given] + overrides)))
+        [f"{key}={value}" for key, value in params.items() if key not in given] + overrides)), True)
 
 
 def loose_values(parsed) -> list[tuple[str, str]]:
@@ -166,13 +168,15 @@ def check_jobs(config_name: str, args: list[str]) -> None:
         line = job_overrides(config_name, args)
         jobs = line.jobs
         named: dict[tuple[str, str], set[str]] = {}      # (kind, label) -> the classes the sweep gives it to
-        for job in jobs:
+        for num, job in enumerate(jobs):
             cfg = line.composed if jobs == [line.lines] else composed(config_name, job, hydra=True)
-            choices = dict(cfg.hydra.runtime.choices)
+            choices, folder = dict(cfg.hydra.runtime.choices), job_folder(cfg, num, line.multirun)
             with open_dict(cfg):
                 del cfg["hydra"]
             try:
                 preflight(cfg, choices)
+                if cfg.resume and (folder / "groups.jsonl").exists():     # refused before Hydra writes .hydra/ there
+                    same_run(folder, cfg)
             except ConfigError as err:
                 raise ConfigError(f"{err} (job {' '.join(job)})" if len(jobs) > 1 else str(err)) from None
             for kind in LABELLED:
@@ -182,6 +186,15 @@ def check_jobs(config_name: str, args: list[str]) -> None:
                 raise ConfigError(f"{kind}.label={label!r} names {len(targets)} {kind} classes in this sweep "
                                   f"({', '.join(sorted(targets))}), whose runs the tables would pool: give each its "
                                   f"own label")
+
+
+def job_folder(cfg: DictConfig, num: int, multirun: bool) -> Path:
+    """The folder a job writes, as Hydra will name it (a sweep's job `num`, numbered in the order of its jobs)."""
+    if not multirun:
+        return Path(str(cfg.hydra.run.dir))
+    with open_dict(cfg.hydra.job):
+        cfg.hydra.job.num = num
+    return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
 
 
 def check_informational(config_name: str, args: list[str]) -> None:
