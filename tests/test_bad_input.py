@@ -436,8 +436,10 @@ COMMAND_CASES = {   # the other commands: argv -> what the one line says ({tmp}:
     "bench saving into a read-only folder": (["memdefrag-bench", "--shape", "tiny", "--save-random", "{tmp}/ro/rnd"],
                                              "--save-random {tmp}/ro/rnd: cannot be written ({tmp}/ro is a folder "
                                              "this user may not write)"),
-    "bench saving over a folder that holds files": (["memdefrag-bench", "--shape", "tiny", "--save-random", "{tmp}/runs"],
-                                                    "--save-random {tmp}/runs: holds files already"),
+    "bench saving over a folder": (["memdefrag-bench", "--shape", "tiny", "--save-random", "{tmp}/ro"],
+                                   "--save-random {tmp}/ro: exists already"),
+    "bench saving over a link": (["memdefrag-bench", "--shape", "tiny", "--save-random", "{tmp}/link"],
+                                 "--save-random {tmp}/link: exists already"),
     "compare writing its JSON into a read-only folder": (["memdefrag", "compare", "{tmp}/runs", "{tmp}/runs",
                                                           "--json", "{tmp}/ro/d.json"],
                                                          "--json {tmp}/ro/d.json: cannot be written"),
@@ -468,6 +470,7 @@ def test_the_other_commands_refuse_bad_input_in_one_line_before_any_work(case, t
         pytest.skip("root may write a read-only folder")
     (tmp_path / "f").write_text("a file")
     (tmp_path / "ro").mkdir(mode=0o555)
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
     if "{tmp}/runs" in COMMAND_CASES[case][0]:                 # a run for compare and collect to read
         run = tmp_path / "runs" / "vanilla"
         run.mkdir(parents=True)

@@ -174,6 +174,29 @@ def test_a_random_checkpoint_cut_short_leaves_no_folder_and_the_next_save_clears
     assert any((tmp_path / "ckpt").glob("*.safetensors"))
 
 
+def test_the_room_a_checkpoint_needs_counts_what_a_cut_save_left_as_it_is_removed_first(tmp_path, monkeypatch,
+                                                                                       capsys):
+    """On a 64 GiB disk a cut 8B save leaves 16 GB: the next save removes it before it writes, so the room check
+    counts it free (else the rerun would be refused for the room its own leftovers take). Another entry's
+    temporaries, and a name with glob characters, are told apart."""
+    import shutil
+    from collections import namedtuple
+
+    target = tmp_path / "ck[8b]"
+    left = tmp_path / ".ck[8b].4242.tmp"
+    left.mkdir()
+    with open(left / "model.safetensors", "wb") as part:
+        part.truncate(1 << 30)                                   # a sparse GiB: counted, not written
+    other = tmp_path / ".ck[8b].v2.4243.tmp"                     # another entry's (`ck[8b].v2`) temporary
+    other.mkdir()
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2 << 30, 2 << 30, 4 << 20))    # 4 MiB free
+    main(["--shape", "tiny", "--save-random", str(target)])
+    said = capsys.readouterr().out.splitlines()[0]
+    assert "1.08 GB free there (1.07 GB of it a cut save left, removed first)" in said, said
+    assert not left.exists() and other.exists() and (target / "config.json").is_file()
+
+
 def test_each_rows_per_token_time_is_stated_against_transformers_static_generate(tmp_path):
     """The anchor (issue 56): transformers' own generate(cache_implementation="static") timed in the same run, on
     the same model over the tokens full prefill reads, and every row's per-token time as a ratio to it."""

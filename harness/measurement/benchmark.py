@@ -78,12 +78,14 @@ def checkpoint_bytes(shape: str, dtype: str) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def room_for_checkpoint(folder: str, shape: str, dtype: str) -> None:
-    """Print what a random checkpoint of `shape` will take and the room where it goes; refuse in one line, before
-    any weight is drawn, where the disk holding `folder` has less (an 8B shape is 16 to 20 GB)."""
-    need, free = checkpoint_bytes(shape, dtype), shutil.disk_usage(nearest_existing(Path(folder))).free
+def room_for_checkpoint(folder: Path, shape: str, dtype: str) -> None:
+    """Print what a random checkpoint of `shape` will take and the room where it goes (what a cut save left beside
+    it counted, as the save removes it first); refuse in one line, before any weight is drawn, where the disk
+    holding `folder` has less (an 8B shape is 16 to 20 GB)."""
+    left = sum(cache.size_of(p) for p in cache.partials(folder)) if folder.parent.is_dir() else 0
+    need, free = checkpoint_bytes(shape, dtype), shutil.disk_usage(nearest_existing(folder)).free + left
     print(f"--save-random {folder}: {shape} in {dtype} takes about {need / 1e9:.3g} GB; {free / 1e9:.3g} GB free "
-          f"there", flush=True)
+          f"there{f' ({left / 1e9:.3g} GB of it a cut save left, removed first)' if left else ''}", flush=True)
     if need > free:
         raise ConfigError(f"--save-random {folder}: {shape} in {dtype} needs about {need / 1e9:.3g} GB and the disk "
                           f"holding it has {free / 1e9:.3g} GB free; give a folder on a disk with room")
@@ -92,17 +94,24 @@ def room_for_checkpoint(folder: str, shape: str, dtype: str) -> None:
 def save_random(shape: str, folder: str, device: str, dtype: str, tokenizer: str | None = None) -> None:
     """A loadable checkpoint of `shape` with random weights and the shape's tokenizer, for whole harness runs
     (`memdefrag model=hf model.source=<folder>`) of a real shape where real weights cannot travel. Written whole
-    or not at all: a save cut short (a timeout, a full disk) leaves no folder that a later run would take for a
-    checkpoint, and the next save removes what it left before counting the room."""
-    Path(folder).parent.mkdir(parents=True, exist_ok=True)
-    with cache.locked(Path(folder)), cache.written_whole(Path(folder)) as partial:
-        room_for_checkpoint(folder, shape, dtype)
-        model, tokens, _, _ = build(shape, device, dtype, tokenizer)
-        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            setattr(model.config, name, getattr(tokens, name))
-            setattr(model.generation_config, name, getattr(tokens, name))
-        model.save_pretrained(partial)
-        tokens.save_pretrained(partial)
+    or not at all, into a folder the save makes (cache.written_whole): a save cut short (a timeout, a full disk)
+    leaves no folder that a later run would take for a checkpoint, and the next save removes what it left."""
+    path = Path(folder).absolute()
+    room_for_checkpoint(path, shape, dtype)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with cache.locked(path), cache.written_whole(path) as partial:
+            if path.exists():
+                raise ConfigError(f"--save-random {folder}: another save wrote it meanwhile; it is kept as it is")
+            model, tokens, _, _ = build(shape, device, dtype, tokenizer)
+            for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+                setattr(model.config, name, getattr(tokens, name))
+                setattr(model.generation_config, name, getattr(tokens, name))
+            model.save_pretrained(partial)
+            tokens.save_pretrained(partial)
+    except OSError as err:
+        raise ConfigError(f"--save-random {folder}: cannot be written ({err.strerror or err}); nothing is left "
+                          f"of it") from None
 
 
 class PeakMemory:
@@ -348,9 +357,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                 writable_file(flag, path)
         if args.save_random:
             writable_folder("--save-random", args.save_random)
-            if Path(args.save_random).is_dir() and any(Path(args.save_random).iterdir()):
-                raise ConfigError(f"--save-random {args.save_random}: holds files already (a checkpoint is written "
-                                  f"whole, into a folder of its own); give a new or empty folder")
+            if os.path.lexists(args.save_random):
+                raise ConfigError(f"--save-random {args.save_random}: exists already (a checkpoint is written whole, "
+                                  f"into a folder the save makes); give a path that does not exist yet")
         tokenizer = tokenizer_of(args.tokenizer)
         if not args.save_random:                  # saving a random checkpoint reads no data
             try:

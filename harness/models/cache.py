@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import hashlib
 import json
 import mmap
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -162,11 +164,23 @@ def verify() -> list[tuple[Path, bool]]:
     return found
 
 
+def partials(entry: Path) -> list[Path]:
+    """The temporaries of `entry` that written_whole makes (`.<name>.<pid>.tmp`): a killed writer's, where no
+    writer holds locked(entry)."""
+    named = re.compile(rf"\.{re.escape(entry.name)}\.\d+\.tmp")
+    return [p for p in entry.parent.glob(f".{glob.escape(entry.name)}.*.tmp") if named.fullmatch(p.name)]
+
+
+def size_of(path: Path) -> int:
+    """The bytes of a file, or of every file below a folder."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+
+
 @contextlib.contextmanager
 def written_whole(entry: Path):
     """A temporary path beside `entry` (a file or a folder) to write it into, renamed to `entry` when the block
     ends and removed if it fails; temporaries a killed writer left are removed first. Hold locked(entry)."""
-    for stale in entry.parent.glob(f".{entry.name}.*.tmp"):
+    for stale in partials(entry):
         _remove(stale)
     partial = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
     try:
