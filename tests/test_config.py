@@ -96,6 +96,26 @@ def test_a_multirun_expands_into_the_jobs_hydras_basic_sweeper_runs(overrides):
     assert expanded(parser.parse_overrides(overrides)) == sweeper
 
 
+@pytest.mark.parametrize("given", [["prompt=plain,chat"], ["formation=reference"], ["task.groups=2", "prompt=chat"]])
+def test_an_experiments_sweep_with_its_keys_given_again_keeps_the_sweepers_job_order(given, tmp_path):
+    """An experiment's sweep parameters come first and the command line after, a key given twice keeping its first
+    place (Hydra's basic sweeper): the jobs, so the numbers in their folders' names, are the sweeper's, which the
+    check of each job's folder before Hydra writes it relies on."""
+    from hydra import initialize_config_module
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from harness.running.jobs import job_overrides
+
+    args = ["experiment=probe", *given, f"hydra.sweep.dir={tmp_path}"]
+    with initialize_config_module("conf", version_base="1.3"):
+        jobs = job_overrides("config", ["-m", *args]).jobs
+    parser = OverridesParser.create()
+    sweeper = BasicSweeper.split_arguments(parser.parse_overrides(["prompt=chat,plain",
+                                                                   "formation=shared_sink,reference", *args]), None)
+    assert jobs == sweeper[0]
+
+
 def test_each_plugin_yaml_extends_its_derived_schema_and_sets_every_option():
     """An option is declared once, in the plugin's constructor; each YAML composes to a node of the schema
     derived from it and gives every option a value, so the two cannot drift apart."""

@@ -122,11 +122,10 @@ def job_overrides(config_name: str, args: list[str]) -> CommandLine:
     writable_folder("output folder", folder)
     if not multirun:
         return CommandLine(lines, base, [overrides], False)
-    given = {o.key_or_group for o in parsed}
     params = base.hydra.sweeper.params
     params = OmegaConf.to_container(params) if params else {}
-    return CommandLine(lines, base, expanded(parser.parse_overrides(
-        [f"{key}={value}" for key, value in params.items() if key not in given] + overrides)), True)
+    return CommandLine(lines, base, expanded(parser.parse_overrides(                  # the sweeper's order: its
+        [f"{key}={value}" for key, value in params.items()] + overrides)), True)      # params, then the command line
 
 
 def loose_values(parsed) -> list[tuple[str, str]]:
@@ -192,9 +191,14 @@ def job_folder(cfg: DictConfig, num: int, multirun: bool) -> Path:
     """The folder a job writes, as Hydra will name it (a sweep's job `num`, numbered in the order of its jobs)."""
     if not multirun:
         return Path(str(cfg.hydra.run.dir))
+    return Path(str(cfg.hydra.sweep.dir)) / sweep_subdir(cfg, num)
+
+
+def sweep_subdir(cfg: DictConfig, num: int) -> str:
+    """A sweep's job's folder name (hydra.sweep.subdir) as job `num` of the sweep composes it."""
     with open_dict(cfg.hydra.job):
         cfg.hydra.job.num = num
-    return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+    return str(cfg.hydra.sweep.subdir)
 
 
 def check_informational(config_name: str, args: list[str]) -> None:

@@ -30,11 +30,12 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 from submitit.core.job_environment import JobEnvironment, SignalHandler
 from submitit.core.utils import DelayedSubmission, FailedJobError
 
 from harness.errors import ConfigError, stops_on_config_error
+from harness.running.jobs import sweep_subdir
 from harness.results.folder import read_jsonl
 from harness.results.summary import SweepSummary
 
@@ -236,10 +237,7 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
 
     def run_folder(self, overrides: list[str], num: int) -> str:
         """The folder name a job's run writes (hydra.sweep.subdir), as the job will compose it."""
-        config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
-        with open_dict(config.hydra.job):
-            config.hydra.job.num = num
-        return str(config.hydra.sweep.subdir)
+        return sweep_subdir(self.hydra_context.config_loader.load_sweep_config(self.config, overrides), num)
 
     def wait(self, jobs, logs: Path) -> dict[str, str]:
         """Until every job has a result or has ended (seen so at two looks in a row: a result still missing is
