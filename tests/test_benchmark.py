@@ -252,9 +252,10 @@ def test_the_profile_ranks_each_methods_kernels_by_their_time(tmp_path):
 
 @pytest.mark.parametrize("cpuinfo, name", [
     ("model name\t: Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz\nmodel name\t: the second core",
-     "Intel Xeon Platinum 8375C"),
+     "Intel Xeon Platinum 8375C @ 2.90GHz"),
     ("processor\t: 0\nmodel name\t: AMD EPYC 7763 64-Core Processor\n", "AMD EPYC 7763 64-Core"),
     ("model name\t: Intel(R) Xeon(R) Processor\n", "Intel Xeon"),
+    ("model name\t: Intel(R) Xeon(R) Processor @ 2.50GHz\n", "Intel Xeon @ 2.50GHz"),
     ("processor\t: 0\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n", "cpu ("),          # an Arm server: no names
 ])
 def test_a_cpu_is_named_by_its_model_as_the_tables_show_it(cpuinfo, name):

@@ -204,7 +204,8 @@ def test_a_table_of_a_model_given_by_its_source_says_the_command_that_makes_its_
     assert "Command: `memdefrag experiment=accuracy model=gemma3_270m`" in readme
 
 
-@pytest.mark.parametrize("source", ["/data/my ckpt,v2", 'C:\\ckpts\\it\'s "the" one', "D:\\my ckpts\\"])
+@pytest.mark.parametrize("source", ["/data/my ckpt,v2", 'C:\\ckpts\\it\'s "the" one', "D:\\my ckpts\\", "~/ckpt",
+                                    "/data/ckpté"])
 def test_a_source_path_with_a_space_or_a_comma_is_quoted_so_that_the_command_runs_as_shown(tmp_path, source):
     """Hydra reads a comma as a sweep and the shell splits at a space: the command a table names quotes such a
     source for both, and gives the path back whole."""

@@ -246,11 +246,19 @@ def test_a_run_names_its_device_and_a_resume_on_another_says_its_seconds_mix_the
                                                                                                      "NVIDIA H200"]}
 
 
-def test_shards_run_under_other_threads_merge_into_a_run_that_says_so(tmp_path, tiny_checkpoint):
-    """Shards may run under other threads: the merged run keeps each group's, and its run.json says they mix."""
+def test_shards_run_under_other_threads_merge_into_a_run_that_says_so(tmp_path, tiny_checkpoint, monkeypatch):
+    """Shards may run under other threads, and on other machines: the merged run keeps each group's, its run.json
+    says they mix and names every shard's device."""
+    from harness.running import runner
+
+    here = runner.device_name(torch.device("cpu"))
     for i in range(2):
+        if i:
+            monkeypatch.setattr(runner, "device_name", lambda device: "NVIDIA H200")   # the second shard elsewhere
         run(tiny_run_config(tiny_checkpoint, *RUN, f"shard={i}/2", f"threads={i + 1}"), str(tmp_path / f"{i}_run"))
     [merged] = merge_sweep(tmp_path)
     lines = [json.loads(line) for line in (merged / "groups.jsonl").read_text().splitlines()]
     assert [line["timed_under"]["threads"] for line in lines] == [1, 2, 1, 2]
-    assert json.loads((merged / "run.json").read_text())["seconds"]["retimed"] == {"threads": [1, 2]}
+    info = json.loads((merged / "run.json").read_text())
+    assert info["seconds"]["retimed"] == {"threads": [1, 2], "device_name": [here, "NVIDIA H200"]}
+    assert info["device_name"] == f"{here}/NVIDIA H200"

@@ -163,9 +163,13 @@ def test_an_injected_position_error_at_the_8b_init_scale_is_still_refused(error,
         selfcheck.verify(KVPrefixBackend(model), tokenizer, ModelSpec("tiny", "tiny"))
 
 
-def test_the_self_check_command_checks_a_checkpoint_folder_given_as_its_source(tiny_checkpoint, capsys):
-    """`python -m harness.models.selfcheck --model hf --source <folder>`: a user's own checkpoint, both views."""
-    selfcheck.main(["--model", "hf", "--source", tiny_checkpoint, "--fragments", "3", "--dtype", "float32"])
+def test_the_self_check_command_checks_a_checkpoint_folder_given_as_its_source(tiny_checkpoint, capsys, tmp_path):
+    """`python -m harness.models.selfcheck --model hf --source <folder>`: a user's own checkpoint, both views, in a
+    folder whose name holds what a Hydra override would parse (a comma, a space, a quote)."""
+    import shutil
+
+    source = shutil.copytree(tiny_checkpoint, tmp_path / "my ckpt,v2 'final'")
+    selfcheck.main(["--model", "hf", "--source", str(source), "--fragments", "3", "--dtype", "float32"])
     header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")]
                         for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
     table = [dict(zip(header, row)) for row in rows]

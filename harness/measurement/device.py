@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-MARKS = re.compile(r"\((?:R|TM|tm)\)|\bCPU\b|\bProcessor\b|@.*$")      # what a CPU's name adds to its model
+MARKS = re.compile(r"\((?:R|TM|tm)\)|\bCPU\b|\bProcessor\b")      # what a CPU's name adds to its model and clock
 
 
 def device_name(device: torch.device) -> str:
@@ -25,8 +25,9 @@ def device_name(device: torch.device) -> str:
 
 
 def cpu_model(cpuinfo: str) -> str:
-    """The first `model name` of /proc/cpuinfo without its trademarks and clock (`Intel Xeon Platinum 8375C`); the
-    machine's architecture where it has none (an Arm server's kernel lists parts, not names)."""
+    """The first `model name` of /proc/cpuinfo without its trademarks (`Intel Xeon Platinum 8375C @ 2.90GHz`: a
+    cloud's virtual CPUs often differ by their clock alone); the machine's architecture where it has none (an Arm
+    server's kernel lists parts, not names)."""
     found = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.MULTILINE)
     name = " ".join(MARKS.sub(" ", found.group(1)).split()) if found else ""
     return name or f"cpu ({platform.machine() or 'unknown'})"

@@ -241,11 +241,13 @@ def main(argv: list[str] | None = None) -> None:
         from omegaconf.errors import OmegaConfBaseException
 
         overrides = [f"model={args.model}", f"model.device={args.device}"] + \
-            ([f"model.dtype={args.dtype}"] if args.dtype else []) + \
-            ([f"model.source={args.source}"] if args.source else [])
+            ([f"model.dtype={args.dtype}"] if args.dtype else [])
         with initialize_config_module("conf", version_base="1.3"):
             try:
-                spec = ModelSpec.of(compose("config", overrides=overrides).model)
+                model = compose("config", overrides=overrides).model
+                if args.source:                  # set, not an override: a path may hold what Hydra would parse
+                    model.source = args.source
+                spec = ModelSpec.of(model)
             except (HydraException, OmegaConfBaseException) as err:
                 parser.error(f"--model {args.model}{f' --source {args.source}' if args.source else ''}: "
                              f"{str(err).splitlines()[0]} (--model names a file in conf/model/; --model hf takes "

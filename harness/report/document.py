@@ -59,7 +59,7 @@ def of_model(label: str, model: str, runs: list[Run]) -> tuple[str, str, str]:
 def override(key: str, value: str) -> str:
     """`key=value` as a shell and Hydra take it: a value holding more than a path's characters (a space, a comma,
     which Hydra reads as a sweep) quoted for Hydra, the whole quoted for the shell."""
-    if re.fullmatch(r"[\w./@:~+-]+", value):
+    if re.fullmatch(r"[A-Za-z0-9_./@:+-]+", value):
         return f"{key}={value}"
     # Hydra reads a backslash as an escape only before a quote or at the string's end: those are doubled
     escaped = re.sub(r'(\\*)("|$)', lambda m: 2 * m.group(1) + ("\\" if m.group(2) else "") + m.group(2), value)

@@ -104,9 +104,11 @@ def merge(shard_dirs: list[Path], target: Path, cfg) -> Path:
         for key, value in info.get("peak_memory", {}).items():
             peaks[key] = max(peaks[key], value)
     total = sum(seconds.values())
+    devices = dict.fromkeys(info["device_name"] for info in infos if info.get("device_name"))  # each shard's machine
     info = {**{k: v for k, v in infos[0].items() if k not in ("versions", "git", "argv")},
             "groups": len(seconds), "seconds": {"total": total, "per_group": total / len(seconds)},
-            "peak_memory": dict(peaks), "shards": [str(p) for p in shard_dirs]}
+            "peak_memory": dict(peaks), "shards": [str(p) for p in shard_dirs],
+            **({"device_name": "/".join(devices)} if devices else {})}
     with ResultFolder(target, cfg, resume=False) as out:
         for record in records:
             out.add(record)
