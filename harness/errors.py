@@ -30,8 +30,8 @@ def stops_on_config_error(prog: str):
         print(f"{prog}: error: {err}", file=sys.stderr)
         sys.exit(2)
     finally:
-        if ours:
-            signal.signal(signal.SIGTERM, previous)
+        if ours:                          # None: a handler installed from C, which Python cannot put back
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 class Interrupted(KeyboardInterrupt):

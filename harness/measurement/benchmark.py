@@ -382,10 +382,15 @@ def in_flags(message: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    with stops_on_config_error("memdefrag-bench"):       # Ctrl-C, SIGTERM, a refusal on the way (no room): one line
+        measure(args)
+
+
+def measure(args: argparse.Namespace) -> None:
+    """The command's work, its arguments checked: a random checkpoint saved, or the tables timed and written."""
     torch.set_num_threads(args.threads)
     if args.save_random:
-        with stops_on_config_error("memdefrag-bench"):          # no room, once a killed save's parts are gone
-            save_random(args.shape, args.save_random, args.device, args.dtype, args.tokenizer)
+        save_random(args.shape, args.save_random, args.device, args.dtype, args.tokenizer)
         print(args.save_random)
         return
     model, tokenizer, tracer_layer, query_mode = build(args.shape, args.device, args.dtype, args.tokenizer)
