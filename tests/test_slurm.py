@@ -323,17 +323,15 @@ def test_a_time_limit_the_signal_would_fill_is_refused_naming_signal_delay_s(tmp
 @pytest.mark.parametrize("launcher", [pytest.param("slurm", marks=pytest.mark.slurm), "local"])
 def test_a_job_failing_inside_ends_the_command_with_its_line_after_the_others(tmp_path, tiny_checkpoint, request,
                                                                              launcher):
-    """Run 1's folder holds a config that cannot be read: its job fails inside (SLURM: FAILED); the command waits
+    """Run 1's folder has a folder where its records go: its job fails inside (SLURM: FAILED); the command waits
     for run 0, writes the summary of it, and exits 2 with run 1's own line, its job id and its log. The same
-    through hydra/launcher=local, which needs no SLURM."""
+    through hydra/launcher=local, which needs no SLURM. (A folder holding another run's results, or one whose
+    config cannot be read, is refused before any job runs: test_bad_input.py.)"""
     if launcher == "slurm":
         request.getfixturevalue("slurm")
     sweep = tmp_path / launcher
     broken = sweep / "1_memdefrag_top2_unbounded_synthetic"
-    broken.mkdir(parents=True)
-    (broken / "config.yaml").write_text(": [\n")     # docs/slurm.md's example: a run's config.yaml corrupted
-    (broken / "groups.jsonl").write_text("")
-    (broken / "predictions.jsonl").write_text("")      # a run folder the summary reads
+    (broken / "predictions.jsonl").mkdir(parents=True)      # docs/slurm.md's example
     done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, sweep, "method=none,memdefrag_top2",
                                            *(ON_CPU if launcher == "slurm" else ["hydra/launcher=local"])))
     assert done.returncode == 2, done.stdout + done.stderr
@@ -341,11 +339,11 @@ def test_a_job_failing_inside_ends_the_command_with_its_line_after_the_others(tm
     job = next(job for job, folder in jobs.items() if folder == broken.name)
     log = sweep / ".submitit" / job / f"{job}_0_log.err"
     assert done.stderr.splitlines() == [
-        f"memdefrag: summary: {broken / 'config.yaml'} cannot be read (while "
-        f"parsing a block mapping); its run is left out",
-        f"memdefrag: error: job {job} ({broken.name}): {broken} holds results but "
-        f"{broken / 'config.yaml'} cannot be read (while parsing a block mapping); choose another output folder, "
-        f"or pass resume=false to start it over; log: {log}",
+        f"memdefrag: summary: {broken / 'config.yaml'} cannot be read ([Errno 2] No such file or directory: "
+        f"'{broken / 'config.yaml'}'); its run is left out",
+        f"memdefrag: error: job {job} ({broken.name}): cannot write the results in {broken}: "
+        f"{broken / 'predictions.jsonl'}: Is a directory; the groups finished so far are kept: mend that path (or "
+        f"choose another output folder) and rerun the same command to resume; log: {log}",
         f"memdefrag: 1 of 2 runs failed (1 finished, in {sweep}); rerun the same command to resume"], done.stderr
     assert log.is_file() and (sweep / "0_none_unbounded_synthetic" / "run.json").is_file()
     assert "none" in (sweep / "summary.md").read_text() and "memdefrag_top2" not in (sweep / "summary.md").read_text()
