@@ -30,8 +30,14 @@ def stops_on_config_error(prog: str):
         print(f"{prog}: error: {err}", file=sys.stderr)
         sys.exit(2)
     finally:
-        if ours:                          # None: a handler installed from C, which Python cannot put back
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        if ours:
+            put_back(signal.SIGTERM, previous)
+
+
+def put_back(signum: int, previous) -> None:
+    """A signal's handler as signal.signal returned it, put back; None (one installed from C, which Python cannot
+    put back) as the default."""
+    signal.signal(signum, signal.SIG_DFL if previous is None else previous)
 
 
 class Interrupted(KeyboardInterrupt):

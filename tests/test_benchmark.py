@@ -174,6 +174,26 @@ def test_a_random_checkpoint_cut_short_leaves_no_folder_and_the_next_save_clears
     assert any((tmp_path / "ckpt").glob("*.safetensors"))
 
 
+def test_a_random_checkpoint_that_fills_the_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """safetensors and tokenizers say a full disk in exceptions of their own (not OSError): one line still, and
+    nothing of the cut save is left."""
+    from transformers import PreTrainedModel
+
+    def full(self, folder, **kwargs):
+        Path(folder).mkdir()
+        (Path(folder) / "model.safetensors").write_bytes(b"cut")
+        raise Exception("No space left on device (os error 28)")     # noqa: TRY002 - what safetensors raises
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", full)
+    with pytest.raises(SystemExit) as stopped:
+        main(["--shape", "tiny", "--save-random", str(tmp_path / "ckpt")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err == (f"memdefrag-bench: error: --save-random {tmp_path / 'ckpt'}: cannot be "
+                                               f"written (Exception: No space left on device (os error 28)); nothing "
+                                               f"of it is left\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.lock"]
+
+
 def test_the_room_a_checkpoint_needs_counts_what_a_cut_save_left_as_it_is_removed_first(tmp_path, monkeypatch,
                                                                                        capsys):
     """On a 64 GiB disk a cut 8B save leaves 16 GB: the next save removes it before it writes, so the room check
@@ -185,15 +205,14 @@ def test_the_room_a_checkpoint_needs_counts_what_a_cut_save_left_as_it_is_remove
     target = tmp_path / "ck[8b]"
     left = tmp_path / ".ck[8b].4242.tmp"
     left.mkdir()
-    with open(left / "model.safetensors", "wb") as part:
-        part.truncate(1 << 30)                                   # a sparse GiB: counted, not written
+    (left / "model.safetensors").write_bytes(bytes(24 << 20))   # 24 MiB a cut save wrote
     other = tmp_path / ".ck[8b].v2.4243.tmp"                     # another entry's (`ck[8b].v2`) temporary
     other.mkdir()
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2 << 30, 2 << 30, 4 << 20))    # 4 MiB free
-    main(["--shape", "tiny", "--save-random", str(target)])
+    main(["--shape", "tiny", "--save-random", str(target)])           # 26 MB: room only once the cut save goes
     said = capsys.readouterr().out.splitlines()[0]
-    assert "1.08 GB free there (1.07 GB of it a cut save left, removed first)" in said, said
+    assert "0.0294 GB free there (0.0252 GB of it a cut save left, removed first)" in said, said
     assert not left.exists() and other.exists() and (target / "config.json").is_file()
 
 

@@ -116,6 +116,28 @@ def test_an_experiments_sweep_with_its_keys_given_again_keeps_the_sweepers_job_o
     assert jobs == sweeper[0]
 
 
+@pytest.mark.parametrize("subdir, named", [("${hydra.job.id}", "job_id_for_1"), ("${hydra:job.num}", None),
+                                           ("${hydra.job.num}_${method.label}", "1_text")])
+def test_a_sweeps_job_folder_is_named_as_hydra_will_or_left_to_the_job(subdir, named, tmp_path):
+    """Each job's folder, as the launchers name it (its number and id), for the check of what it holds before
+    Hydra writes there; a name only the running job can resolve (Hydra's own ${hydra:...}) is left to the run."""
+    from hydra import initialize_config_module
+
+    from harness.results.paths import job_folder
+    from harness.running.jobs import check_jobs
+
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = composed_with_hydra(["method=text", f"hydra.sweep.dir={tmp_path}", f"hydra.sweep.subdir={subdir}"])
+        assert job_folder(cfg, 1, multirun=True) == (tmp_path / named if named else None)
+    check_jobs("config", ["-m", "method=vanilla,text", f"hydra.sweep.dir={tmp_path}", f"hydra.sweep.subdir={subdir}"])
+
+
+def composed_with_hydra(overrides: list[str]):
+    from hydra import compose
+
+    return compose("config", overrides=overrides, return_hydra_config=True)
+
+
 def test_each_plugin_yaml_extends_its_derived_schema_and_sets_every_option():
     """An option is declared once, in the plugin's constructor; each YAML composes to a node of the schema
     derived from it and gives every option a value, so the two cannot drift apart."""

@@ -242,8 +242,9 @@ def test_a_run_names_its_device_and_a_resume_on_another_says_its_seconds_mix_the
     (tmp_path / "groups.jsonl").write_text("\n".join(groups[:-1]) + "\n")          # killed before its last group
     monkeypatch.setattr(runner, "device_name", lambda device: "NVIDIA H200")        # resumed on another machine
     run(tiny_run_config(tiny_checkpoint, *RUN), str(tmp_path))
-    assert json.loads((tmp_path / "run.json").read_text())["seconds"]["retimed"] == {"device_name": [here,
-                                                                                                     "NVIDIA H200"]}
+    info = json.loads((tmp_path / "run.json").read_text())
+    assert info["seconds"]["retimed"] == {"device_name": [here, "NVIDIA H200"]}
+    assert info["device_name"] == f"{here} + NVIDIA H200"               # the table's row names both
 
 
 def test_shards_run_under_other_threads_merge_into_a_run_that_says_so(tmp_path, tiny_checkpoint, monkeypatch):
@@ -261,4 +262,4 @@ def test_shards_run_under_other_threads_merge_into_a_run_that_says_so(tmp_path, 
     assert [line["timed_under"]["threads"] for line in lines] == [1, 2, 1, 2]
     info = json.loads((merged / "run.json").read_text())
     assert info["seconds"]["retimed"] == {"threads": [1, 2], "device_name": [here, "NVIDIA H200"]}
-    assert info["device_name"] == f"{here}/NVIDIA H200"
+    assert info["device_name"] == f"{here} + NVIDIA H200"

@@ -339,8 +339,8 @@ def test_a_job_failing_inside_ends_the_command_with_its_line_after_the_others(tm
     job = next(job for job, folder in jobs.items() if folder == broken.name)
     log = sweep / ".submitit" / job / f"{job}_0_log.err"
     assert done.stderr.splitlines() == [
-        f"memdefrag: summary: {broken / 'config.yaml'} cannot be read ([Errno 2] No such file or directory: "
-        f"'{broken / 'config.yaml'}'); its run is left out",
+        f"memdefrag: summary: {broken / 'config.yaml'} cannot be read (No such file or directory); its run is left "
+        f"out",
         f"memdefrag: error: job {job} ({broken.name}): cannot write the results in {broken}: "
         f"{broken / 'predictions.jsonl'}: Is a directory; the groups finished so far are kept: mend that path (or "
         f"choose another output folder) and rerun the same command to resume; log: {log}",

@@ -42,7 +42,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from evals.retention import Retention
-from harness.errors import ConfigError, OneLineParser, stops_on_config_error
+from harness.errors import ConfigError, OneLineParser, raised, stops_on_config_error
 from harness.measurement.device import device_name
 from harness.measurement.kernels import kernels
 from harness.models import cache
@@ -78,12 +78,13 @@ def checkpoint_bytes(shape: str, dtype: str) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def room_for_checkpoint(folder: Path, shape: str, dtype: str) -> None:
+def room_for_checkpoint(folder: str, shape: str, dtype: str) -> None:
     """Print what a random checkpoint of `shape` will take and the room where it goes (what a cut save left beside
     it counted, as the save removes it first); refuse in one line, before any weight is drawn, where the disk
     holding `folder` has less (an 8B shape is 16 to 20 GB)."""
-    left = sum(cache.size_of(p) for p in cache.partials(folder)) if folder.parent.is_dir() else 0
-    need, free = checkpoint_bytes(shape, dtype), shutil.disk_usage(nearest_existing(folder)).free + left
+    path = Path(folder)
+    left = sum(cache.size_of(p) for p in cache.partials(path)) if path.parent.is_dir() else 0
+    need, free = checkpoint_bytes(shape, dtype), shutil.disk_usage(nearest_existing(path)).free + left
     print(f"--save-random {folder}: {shape} in {dtype} takes about {need / 1e9:.3g} GB; {free / 1e9:.3g} GB free "
           f"there{f' ({left / 1e9:.3g} GB of it a cut save left, removed first)' if left else ''}", flush=True)
     if need > free:
@@ -96,22 +97,24 @@ def save_random(shape: str, folder: str, device: str, dtype: str, tokenizer: str
     (`memdefrag model=hf model.source=<folder>`) of a real shape where real weights cannot travel. Written whole
     or not at all, into a folder the save makes (cache.written_whole): a save cut short (a timeout, a full disk)
     leaves no folder that a later run would take for a checkpoint, and the next save removes what it left."""
-    path = Path(folder).absolute()
-    room_for_checkpoint(path, shape, dtype)
+    room_for_checkpoint(folder, shape, dtype)
+    model, tokens, _, _ = build(shape, device, dtype, tokenizer)
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        setattr(model.config, name, getattr(tokens, name))
+        setattr(model.generation_config, name, getattr(tokens, name))
+    path = Path(folder)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with cache.locked(path), cache.written_whole(path) as partial:
             if path.exists():
                 raise ConfigError(f"--save-random {folder}: another save wrote it meanwhile; it is kept as it is")
-            model, tokens, _, _ = build(shape, device, dtype, tokenizer)
-            for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-                setattr(model.config, name, getattr(tokens, name))
-                setattr(model.generation_config, name, getattr(tokens, name))
             model.save_pretrained(partial)
             tokens.save_pretrained(partial)
-    except OSError as err:
-        raise ConfigError(f"--save-random {folder}: cannot be written ({err.strerror or err}); nothing is left "
-                          f"of it") from None
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a full disk: safetensors and tokenizers raise their own types for it
+        raise ConfigError(f"--save-random {folder}: cannot be written ({raised(err)}); nothing of it is left") \
+            from None
 
 
 class PeakMemory:
@@ -356,10 +359,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             if path:
                 writable_file(flag, path)
         if args.save_random:
-            writable_folder("--save-random", args.save_random)
             if os.path.lexists(args.save_random):
                 raise ConfigError(f"--save-random {args.save_random}: exists already (a checkpoint is written whole, "
                                   f"into a folder the save makes); give a path that does not exist yet")
+            writable_folder("--save-random", args.save_random)
         tokenizer = tokenizer_of(args.tokenizer)
         if not args.save_random:                  # saving a random checkpoint reads no data
             try:

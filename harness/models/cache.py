@@ -172,8 +172,9 @@ def partials(entry: Path) -> list[Path]:
 
 
 def size_of(path: Path) -> int:
-    """The bytes of a file, or of every file below a folder."""
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+    """The disk a file, or every file below a folder, takes (its blocks: what removing it frees)."""
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+    return sum(f.stat().st_blocks * 512 for f in files)
 
 
 @contextlib.contextmanager

@@ -208,6 +208,11 @@ class ResultFolder:
         timed = {"timed_under": self.timed[group]} if self.timed.get(group) else {}
         return {"group": group, "seconds": self.done[group], "records": len(lines), "sha256": digest(lines), **timed}
 
+    def devices(self, fallback: str) -> str:
+        """The devices its finished groups ran on (timed_under), by name, in the order first seen and joined by
+        ' + '; `fallback` where no group recorded one (a run older than the record)."""
+        return " + ".join(devices_of(self.timed, fallback))
+
     def retimed(self, now: dict | None = None) -> dict[str, list]:
         """Each TIMING setting under which the finished groups (and `now`: those the next would run under) ran with
         more than one value: those values, in the order first seen. Empty where their seconds are of one setting."""
@@ -362,8 +367,9 @@ def read_config(folder: Path):
             raise ValueError(f"it holds a {type(settings).__name__}, not a mapping of settings")
         return OmegaConf.create(settings or {})
     except (OSError, ValueError, OmegaConfBaseException, yaml.YAMLError) as err:
-        raise ConfigError(f"{path} cannot be read ({str(err).splitlines()[0] if str(err) else type(err).__name__})") \
-            from None
+        why = err.strerror if isinstance(err, OSError) and err.strerror else \
+            str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"{path} cannot be read ({why})") from None
 
 
 def read_run_info(folder: Path) -> dict:
@@ -423,6 +429,11 @@ class Finished(NamedTuple):
     @property
     def records(self) -> list[dict]:
         return [record for _, record in self.kept]
+
+
+def devices_of(timed: dict[int, dict | None], fallback: str) -> list[str]:
+    """The device names that groups' timing records (group -> timed_under) name, in order; [fallback] if none."""
+    return list(dict.fromkeys(t["device_name"] for t in timed.values() if t and t.get("device_name"))) or [fallback]
 
 
 def finished(folder: Path) -> Finished:

@@ -8,6 +8,9 @@ import os
 import shutil
 from pathlib import Path
 
+from omegaconf import open_dict
+from omegaconf.errors import OmegaConfBaseException
+
 from harness.errors import ConfigError
 
 
@@ -55,3 +58,22 @@ def inside(option: str, path: str | Path, root: str | Path) -> Path:
     if Path(path).is_absolute() or not joined.is_relative_to(Path(root).resolve()):
         raise ConfigError(f"{option} {path}: must stay inside {root} (a relative path without '..' leaving it)")
     return Path(root) / path
+
+
+def job_folder(cfg, num: int, multirun: bool) -> Path | None:
+    """The folder a job writes, as Hydra will name it (`cfg` composed with Hydra's config; a sweep's job `num`, in
+    the order of its jobs); None where its name is made of what only the running job knows."""
+    if not multirun:
+        return Path(str(cfg.hydra.run.dir))
+    try:
+        return Path(str(cfg.hydra.sweep.dir)) / sweep_subdir(cfg, num)
+    except OmegaConfBaseException:             # ${hydra:...}: Hydra's own resolver, set only inside the job
+        return None
+
+
+def sweep_subdir(cfg, num: int) -> str:
+    """A sweep's job's folder name (hydra.sweep.subdir) as job `num` composes it, its number and id as the
+    launchers give them."""
+    with open_dict(cfg.hydra.job):
+        cfg.hydra.job.num, cfg.hydra.job.id = num, f"job_id_for_{num}"
+    return str(cfg.hydra.sweep.subdir)

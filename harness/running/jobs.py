@@ -26,7 +26,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from harness.errors import ConfigError
 from harness.plugins.contracts import LABELLED
 from harness.results.folder import same_run
-from harness.results.paths import writable_folder
+from harness.results.paths import job_folder, writable_folder
 from harness.running.runner import check_given, preflight
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -138,8 +138,8 @@ def loose_values(parsed) -> list[tuple[str, str]]:
 def check_booleans(loose: list[tuple[str, str]], cfg: DictConfig) -> None:
     """Refuse a loose value given to a boolean option (OmegaConf would take 2 as true), naming the key and the
     value: `cfg` is the command line composed, where such an option's value came out a bool."""
-    for key, value in loose:
-        if isinstance(OmegaConf.select(cfg, key, default=None), bool):
+    for key, value in loose:              # a value that resolves only inside the job (${hydra:...}) is no boolean
+        if isinstance(OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False), bool):
             raise ConfigError(f"{key}={value}: {key} is a boolean option, it takes true or false")
 
 
@@ -167,6 +167,7 @@ def check_jobs(config_name: str, args: list[str]) -> None:
         line = job_overrides(config_name, args)
         jobs = line.jobs
         named: dict[tuple[str, str], set[str]] = {}      # (kind, label) -> the classes the sweep gives it to
+        writes: dict[Path, str] = {}                     # folder -> the job that writes it
         for num, job in enumerate(jobs):
             cfg = line.composed if jobs == [line.lines] else composed(config_name, job, hydra=True)
             choices, folder = dict(cfg.hydra.runtime.choices), job_folder(cfg, num, line.multirun)
@@ -174,8 +175,7 @@ def check_jobs(config_name: str, args: list[str]) -> None:
                 del cfg["hydra"]
             try:
                 preflight(cfg, choices)
-                if cfg.resume and (folder / "groups.jsonl").exists():     # refused before Hydra writes .hydra/ there
-                    same_run(folder, cfg)
+                check_folder(folder, cfg, " ".join(job), writes)
             except ConfigError as err:
                 raise ConfigError(f"{err} (job {' '.join(job)})" if len(jobs) > 1 else str(err)) from None
             for kind in LABELLED:
@@ -187,18 +187,18 @@ def check_jobs(config_name: str, args: list[str]) -> None:
                                   f"own label")
 
 
-def job_folder(cfg: DictConfig, num: int, multirun: bool) -> Path:
-    """The folder a job writes, as Hydra will name it (a sweep's job `num`, numbered in the order of its jobs)."""
-    if not multirun:
-        return Path(str(cfg.hydra.run.dir))
-    return Path(str(cfg.hydra.sweep.dir)) / sweep_subdir(cfg, num)
-
-
-def sweep_subdir(cfg: DictConfig, num: int) -> str:
-    """A sweep's job's folder name (hydra.sweep.subdir) as job `num` of the sweep composes it."""
-    with open_dict(cfg.hydra.job):
-        cfg.hydra.job.num = num
-    return str(cfg.hydra.sweep.subdir)
+def check_folder(folder: Path | None, cfg: DictConfig, job: str, writes: dict[Path, str]) -> None:
+    """The folder a job writes: no other job of the command writes it, and it holds no other run's results
+    (refused before Hydra writes the folder's .hydra/); `writes`: folder -> the job before that writes it. None (a
+    name only the running job knows) is checked as the run opens its folder."""
+    if folder is None:
+        return
+    if folder in writes:
+        raise ConfigError(f"{folder}: job {writes[folder]} writes it too; name the sweep's folders by what tells its "
+                          f"jobs apart (hydra.sweep.subdir, e.g. with ${{hydra.job.num}})")
+    if cfg.resume and (folder / "groups.jsonl").exists():
+        same_run(folder, cfg)
+    writes[folder] = job
 
 
 def check_informational(config_name: str, args: list[str]) -> None:

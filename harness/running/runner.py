@@ -252,6 +252,7 @@ def _run_groups(cfg, folder: ResultFolder, logger, spec, method, task, forgettin
                 "backend": cfg.backend, "decode": cfg.decode or default_decode(model.device),
                 "formation_batch": cfg.formation_batch or default_formation_batch(model.device),
                 "reuse_formed": cfg.reuse_formed, **folder.timing,
+                "device_name": folder.devices(folder.timing["device_name"]),    # every one its groups ran on
                 "compression": compression_summary(compressor, compressed), "task": task.describe(),
                 "formation": cfg.formation, "prompt": cfg.prompt, "groups": len(groups),
                 "window": window_summary(window.limit, cfg.allow_beyond_window, records),

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from harness.errors import ConfigError
 from harness.plugins.contracts import build, metrics_table
-from harness.results.folder import ResultFolder, finished, read_config, read_run_info
+from harness.results.folder import ResultFolder, devices_of, finished, read_config, read_run_info
 from harness.results.summary import run_folders
 
 
@@ -104,11 +104,12 @@ def merge(shard_dirs: list[Path], target: Path, cfg) -> Path:
         for key, value in info.get("peak_memory", {}).items():
             peaks[key] = max(peaks[key], value)
     total = sum(seconds.values())
-    devices = dict.fromkeys(info["device_name"] for info in infos if info.get("device_name"))  # each shard's machine
+    devices = dict.fromkeys(name for shard, info in zip(shards, infos)     # the machines each shard's groups ran on
+                            for name in devices_of(shard.timed, info.get("device_name") or info.get("device")))
     info = {**{k: v for k, v in infos[0].items() if k not in ("versions", "git", "argv")},
             "groups": len(seconds), "seconds": {"total": total, "per_group": total / len(seconds)},
             "peak_memory": dict(peaks), "shards": [str(p) for p in shard_dirs],
-            **({"device_name": "/".join(devices)} if devices else {})}
+            "device_name": " + ".join(map(str, devices))}
     with ResultFolder(target, cfg, resume=False) as out:
         for record in records:
             out.add(record)

@@ -34,9 +34,9 @@ from omegaconf import OmegaConf
 from submitit.core.job_environment import JobEnvironment, SignalHandler
 from submitit.core.utils import DelayedSubmission, FailedJobError
 
-from harness.errors import ConfigError, stops_on_config_error
-from harness.running.jobs import sweep_subdir
+from harness.errors import ConfigError, put_back, stops_on_config_error
 from harness.results.folder import read_jsonl
+from harness.results.paths import sweep_subdir
 from harness.results.summary import SweepSummary
 
 log = logging.getLogger(__name__)
@@ -275,7 +275,7 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
                   f"(finished groups are kept)", file=sys.stderr)
             sys.exit(130)
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            put_back(signal.SIGTERM, previous)
 
     def returns(self, jobs, folders: list[str], states: dict[str, str], sweep_dir: Path) -> list[JobReturn]:
         """Every job's result; where some failed: the summary of what finished, a line per failed job, exit 2."""
