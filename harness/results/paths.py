@@ -63,10 +63,8 @@ def inside(option: str, path: str | Path, root: str | Path) -> Path:
 def job_folder(cfg, num: int, multirun: bool) -> Path | None:
     """The folder a job writes, as Hydra will name it (`cfg` composed with Hydra's config; a sweep's job `num`, in
     the order of its jobs); None where its name is made of what only the running job knows."""
-    if not multirun:
-        return Path(str(cfg.hydra.run.dir))
     try:
-        return Path(str(cfg.hydra.sweep.dir)) / sweep_subdir(cfg, num)
+        return Path(str(cfg.hydra.sweep.dir)) / sweep_subdir(cfg, num) if multirun else Path(str(cfg.hydra.run.dir))
     except OmegaConfBaseException:             # ${hydra:...}: Hydra's own resolver, set only inside the job
         return None
 
