@@ -121,13 +121,13 @@ def main() -> None:
     elif {"-h", "--help"} & set(sys.argv[1:]):
         print(help_text())
     else:
-        with stops_on_config_error("memdefrag"):
+        with stops_on_config_error("memdefrag"):          # Ctrl-C or SIGTERM between a sweep's jobs too: one line
             if command is not None and re.fullmatch(r"\w[\w-]*", command):    # a word alone: no override
                 raise ConfigError(f"{command!r} is neither a subcommand ({', '.join(COMMANDS)}) nor an override "
                                   f"(KEY=VALUE, GROUP=CHOICE); memdefrag --help lists both")
             schema.check_names()
             check_jobs("config", sys.argv[1:])
-        app()
+            app()
 
 
 if __name__ == "__main__":          # `python -m harness.cli` is the `memdefrag` command too

@@ -305,6 +305,8 @@ CASES = [
     (["--cfg", "job", "resume=2"], "resume=2: resume is a boolean option"),     # printed, it would read true
     (["-m", "model.device=cpu,meta"], "model.device='meta' is not a device this harness runs on: use auto, cpu, "
      "cuda or cuda:<index> (job model.device=meta"),
+    (["-m", "method=vanilla,text", "hydra.sweep.subdir=${method.name}"], "hydra.sweep: Interpolation key "
+     "'method.name' not found"),
     (["-m", "method=vanilla,text", "hydra.sweep.subdir=same"], "writes it too; name the sweep's folders by what "
      "tells its jobs apart (hydra.sweep.subdir, e.g. with ${hydra.job.num}) (job method=text"),
 ]

@@ -57,6 +57,17 @@ def test_a_rerun_with_other_settings_is_refused(tmp_path):
         assert fresh.done == {}
 
 
+def test_a_run_older_than_groups_jsonl_is_not_overwritten_by_a_run_with_other_settings(tmp_path):
+    """A folder written before groups.jsonl (eight committed runs) holds results all the same: a run with other
+    settings is refused there, as in a folder of today's; the same settings start it over (no group is vouched)."""
+    interrupted_run(tmp_path)
+    (tmp_path / "groups.jsonl").unlink()
+    with pytest.raises(ConfigError, match=r"holds a run with other settings \(method.label\)"):
+        ResultFolder(tmp_path, OmegaConf.merge(CFG, {"method": {"label": "text"}}))
+    with ResultFolder(tmp_path, CFG) as same:
+        assert same.done == {}
+
+
 def test_a_run_started_over_leaves_the_results_it_found_until_its_own_first_write(tmp_path):
     """resume=false replaces a folder's results, but not before the run writes one of its own: a run that stops
     first (a model that fails to load) loses nothing."""

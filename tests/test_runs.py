@@ -245,6 +245,13 @@ def test_a_run_names_its_device_and_a_resume_on_another_says_its_seconds_mix_the
     info = json.loads((tmp_path / "run.json").read_text())
     assert info["seconds"]["retimed"] == {"device_name": [here, "NVIDIA H200"]}
     assert info["device_name"] == f"{here} + NVIDIA H200"               # the table's row names both
+    lines = [json.loads(line) for line in (tmp_path / "groups.jsonl").read_text().splitlines()[:-1]]
+    (tmp_path / "groups.jsonl").write_text("".join(json.dumps({k: v for k, v in line.items() if k != "timed_under"})
+                                                   + "\n" for line in lines))     # written before the record,
+    (tmp_path / "run.json").write_text(json.dumps({**info, "device_name": "NVIDIA H100 80GB HBM3"}))  # run.json's
+    run(tiny_run_config(tiny_checkpoint, *RUN), str(tmp_path))
+    assert json.loads((tmp_path / "run.json").read_text())["seconds"]["retimed"]["device_name"] == [
+        "NVIDIA H100 80GB HBM3", "NVIDIA H200"]
 
 
 def test_shards_run_under_other_threads_merge_into_a_run_that_says_so(tmp_path, tiny_checkpoint, monkeypatch):

@@ -157,7 +157,7 @@ class ResultFolder:
         self.timing: dict | None = None                   # those this process runs groups under (the runner's)
         self._predictions = self._groups = None
         try:
-            if resume and (self.folder / "groups.jsonl").exists():
+            if resume and holds_results(self.folder):
                 self.kept = self._verified_groups(same_run(self.folder, cfg))
             self._check_writable()
         except BaseException:
@@ -193,9 +193,16 @@ class ResultFolder:
         returns their record lines, in file order. earlier: the folder's config.yaml, as it was read."""
         found = finished(self.folder)
         self.done, self.lines, self.rerun = found.seconds, found.lines, found.damaged
-        configured = {key: earlier.get(key) for key in self.TIMING      # a group older than timed_under: its
-                      if earlier.get(key) is not None}                  # config's, where set
-        self.timed = {group: timed or configured or None for group, timed in found.timed.items()}
+        try:                                    # what a group older than a TIMING record ran under: its
+            ran = read_run_info(self.folder) if (self.folder / "run.json").is_file() else {}    # config's, or
+        except ConfigError:                     # run.json's (a damaged one says nothing; it goes at the first write)
+            ran = {}
+
+        def said(key: str):
+            return earlier.get(key) if earlier.get(key) is not None else ran.get(key)
+
+        configured = {key: said(key) for key in self.TIMING if said(key) is not None}
+        self.timed = {group: {**configured, **(timed or {})} or None for group, timed in found.timed.items()}
         self.records = found.records
         return [line for line, _ in found.kept]
 
@@ -298,6 +305,12 @@ LATER_PLUGIN_SETTINGS = {                  # the same for a plugin's options, by
 # of 12800 memory tokens that every named model's file gave when it was added (it acts only under forgetting,
 # which the runs that predate it lack).
 LATER_MODEL_SETTINGS = {"prompt": "chat", "trust_remote_code": False, "memory_capacity": 12800}
+
+
+def holds_results(folder: Path) -> bool:
+    """Whether a folder holds a run's results: its groups.jsonl, or records written before there was one."""
+    records = folder / "predictions.jsonl"
+    return (folder / "groups.jsonl").exists() or records.is_file() and records.stat().st_size > 0
 
 
 def same_run(folder: Path, cfg):

@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.errors import ConfigError
@@ -65,8 +65,11 @@ def job_folder(cfg, num: int, multirun: bool) -> Path | None:
     the order of its jobs); None where its name is made of what only the running job knows."""
     try:
         return Path(str(cfg.hydra.sweep.dir)) / sweep_subdir(cfg, num) if multirun else Path(str(cfg.hydra.run.dir))
-    except OmegaConfBaseException:             # ${hydra:...}: Hydra's own resolver, set only inside the job
-        return None
+    except OmegaConfBaseException as err:
+        named = OmegaConf.to_container(cfg.hydra.sweep if multirun else cfg.hydra.run, resolve=False)
+        if "${hydra:" in str(named):          # Hydra's own resolver, set only inside the job
+            return None
+        raise ConfigError(f"{'hydra.sweep' if multirun else 'hydra.run'}: {str(err).splitlines()[0]}") from None
 
 
 def sweep_subdir(cfg, num: int) -> str:

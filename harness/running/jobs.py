@@ -25,7 +25,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from harness.errors import ConfigError
 from harness.plugins.contracts import LABELLED
-from harness.results.folder import same_run
+from harness.results.folder import holds_results, same_run
 from harness.results.paths import job_folder, writable_folder
 from harness.running.runner import check_given, preflight
 
@@ -196,7 +196,7 @@ def check_folder(folder: Path | None, cfg: DictConfig, job: str, writes: dict[Pa
     if folder in writes:
         raise ConfigError(f"{folder}: job {writes[folder]} writes it too; name the sweep's folders by what tells its "
                           f"jobs apart (hydra.sweep.subdir, e.g. with ${{hydra.job.num}})")
-    if cfg.resume and (folder / "groups.jsonl").exists():
+    if cfg.resume and holds_results(folder):
         same_run(folder, cfg)
     writes[folder] = job
 
