@@ -225,7 +225,7 @@ class ResultFolder:
         more than one value: those values, in the order first seen. Empty where their seconds are of one setting."""
         seen: dict[str, list] = {}
         for timed in [*self.timed.values(), now]:
-            for key, value in (timed if isinstance(timed, dict) else {}).items():
+            for key, value in (timed or {}).items():
                 seen.setdefault(key, [])
                 if value not in seen[key]:
                     seen[key].append(value)
