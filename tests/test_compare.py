@@ -16,7 +16,9 @@ RECORDS = [{"group": g, "step": s, "output": f"answer {g} {s}", "correct": s == 
 def a_run(folder, method="vanilla", records=RECORDS, threads=1, accuracy=(0.5, 0.5)):
     folder.mkdir(parents=True)
     (folder / "config.yaml").write_text(OmegaConf.to_yaml({"method": {"label": method}, "threads": threads,
-                                                           "task": {"groups": 2, "data_dir": str(folder)}}))
+                                                           "model": {"name": "tiny"}, "task": {
+                                                               "_target_": "evals.retention.Retention",
+                                                               "groups": 2, "data_dir": str(folder)}}))
     (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (folder / "metrics.csv").write_text("method,step,accuracy\n" + "".join(
         f"{method},{step},{value}\n" for step, value in zip((1, 2), accuracy)))
@@ -146,7 +148,8 @@ def test_what_another_model_scores_is_compared_within_its_own_tolerance(tmp_path
     """BERTScore moves with its model's library when no answer moved: 1e-4 on it, 1e-6 on everything else."""
     for side, score, f1 in (("a", 9.9527321, 0.5), ("b", 9.9527418, 0.5)):
         (tmp_path / side).mkdir()
-        (tmp_path / side / "config.yaml").write_text("method: {label: vanilla}\n")
+        (tmp_path / side / "config.yaml").write_text(
+            "method: {label: vanilla}\ntask: {_target_: evals.retention.Retention}\nmodel: {name: tiny}\n")
         (tmp_path / side / "predictions.jsonl").write_text(json.dumps(
             {"group": 0, "id": "x", "output": "same", "bertscore": score, "f1": f1}) + "\n")
     report = compare_runs("pair", tmp_path / "a", tmp_path / "b", Tolerance())

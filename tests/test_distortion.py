@@ -46,7 +46,8 @@ def test_correlations_per_layer():
 def test_analysis_writes_the_figures_and_tables(tmp_path):
     from harness.report.analysis import write_analysis
 
-    (tmp_path / "config.yaml").write_text("task:\n  _target_: evals.distortion.Distortion\n")
+    (tmp_path / "config.yaml").write_text("task:\n  _target_: evals.distortion.Distortion\nmethod: {label: vanilla}\n"
+                                             "model: {name: tiny}\n")
     records = [{"step": s, "correct": s < 3, "density": {"last": [1 / s, 0.2], "mean": [1 / s, 1 / s ** 2]}}
                for s in (1, 2, 3, 4)]
     written = write_analysis(tmp_path, records)

@@ -111,6 +111,23 @@ def test_record_files_that_are_not_files_are_left_out_in_one_line_and_the_rest_r
     assert f"{tmp_path / 'ok'}" not in err
 
 
+@pytest.mark.parametrize("config", ["", "rate: 1e-3\n", "method: {label: vanilla}\n", "method: vanilla\ntask: x\n"])
+def test_a_config_that_names_no_run_is_left_out_in_one_line_by_the_report_and_migrate(tmp_path, capsys, config):
+    """An empty config.yaml, another tool's, or one lacking a run's method, task or model: report and migrate name
+    it on stderr and leave its folder as it is (a traceback before); the other runs make the report."""
+    fake_run(tmp_path / "ok" / "vanilla", "Retention", "vanilla", answers(0))
+    other = tmp_path / "other" / "vanilla"
+    fake_run(other, "Retention", "vanilla", answers(1))
+    (other / "config.yaml").write_text(config)
+    before = {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert column(write(tmp_path).read_text(), "vanilla")[-1] == "1"
+    assert migrate_all(tmp_path)[1] == [other]
+    err = capsys.readouterr().err
+    assert f"{other / 'config.yaml'}" in err and "Traceback" not in err, err
+    assert {p.name: p.read_bytes() for p in other.iterdir() if p.is_file()} == before
+
+
 def test_a_model_named_by_its_path_gets_a_table_of_its_own_in_files_it_can_name(tmp_path):
     """model=hf names a model by its source (a folder, a hub id): its tables and figure take a file name made of
     it, not a path, and two names that differ only in what a file name cannot hold take two."""

@@ -18,7 +18,9 @@ from harness.results.folder import ConfigLoader, OmegaConfLoader, ResultFolder, 
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CFG = OmegaConf.create({"method": {"label": "vanilla"}, "task": {"groups": 3}, "threads": 1})
+CFG = OmegaConf.create({"method": {"_target_": "methods.baselines.Vanilla", "label": "vanilla"},
+                        "task": {"_target_": "evals.retention.Retention", "groups": 3}, "model": {"name": "tiny"},
+                        "threads": 1})
 
 
 def answer(group, step):
@@ -218,8 +220,9 @@ def test_a_config_reads_as_omegaconf_reads_it_and_a_duplicate_key_is_refused(tmp
     assert configs and all(OmegaConf.to_yaml(read_config(c.parent)) == as_omegaconf_reads(c) for c in configs)
     shipped = sorted(ROOT.glob("conf/**/*.yaml"))
     assert shipped and all(OmegaConf.to_yaml(OmegaConf.load(c)) == as_omegaconf_reads(c) for c in shipped)
-    (tmp_path / "config.yaml").write_text("rate: 1e-3\nwhen: 2026-11-27\n")
-    assert OmegaConf.to_yaml(read_config(tmp_path)) == "rate: 0.001\nwhen: '2026-11-27'\n"
+    named = "method: {label: x}\ntask: {_target_: evals.retention.Retention}\nmodel: {name: tiny}\n"
+    (tmp_path / "config.yaml").write_text(named + "rate: 1e-3\nwhen: 2026-11-27\n")
+    assert OmegaConf.to_yaml(read_config(tmp_path)).endswith("rate: 0.001\nwhen: '2026-11-27'\n")
     for text, why in (("rate: 1\nrate: 2\n", "while constructing a mapping"),
                       ("- a\n- b\n", "it holds a list, not a mapping of settings")):
         (tmp_path / "config.yaml").write_text(text)

@@ -10,7 +10,8 @@ from harness.results.summary import run_labels, sweep_table
 def write_run(folder, name, records, dataset="synthetic", method="vanilla", forgetting="unbounded", **method_fields):
     run = folder / name
     run.mkdir(parents=True)
-    config = {"task": {"dataset": dataset}, "method": {"label": method, **method_fields},
+    config = {"task": {"_target_": "evals.retention.Retention", "dataset": dataset}, "model": {"name": "tiny"},
+              "method": {"label": method, **method_fields},
               "forgetting": {"label": forgetting}}
     (run / "config.yaml").write_text(OmegaConf.to_yaml(config))
     (run / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))

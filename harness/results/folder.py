@@ -371,18 +371,29 @@ OmegaConfLoader = inspect.unwrap(get_yaml_loader)()     # OmegaConf's own, where
 ConfigLoader = config_loader()
 
 
+# The settings that make a config a run's, which every reader of a run folder takes as there: what ran (the
+# method's label), on what (the task's class) and with which model (its name).
+RUN_SETTINGS = ("method.label", "task._target_", "model.name")
+
+
 def read_config(folder: Path):
-    """A run folder's config.yaml (a mapping), or a ConfigError naming the file and why it cannot be read."""
+    """A run folder's config.yaml (a mapping holding RUN_SETTINGS), or a ConfigError naming the file and why it
+    cannot be read."""
     path = Path(folder) / "config.yaml"
     try:
         settings = yaml.load(path.read_text(encoding="utf-8"), Loader=ConfigLoader)
-        if settings is not None and not isinstance(settings, dict):
-            raise ValueError(f"it holds a {type(settings).__name__}, not a mapping of settings")
-        return OmegaConf.create(settings or {})
+        if not isinstance(settings, dict):
+            held = f"a {type(settings).__name__}" if settings is not None else "nothing"
+            raise ValueError(f"it holds {held}, not a mapping of settings")
+        config = OmegaConf.create(settings)
     except (OSError, ValueError, OmegaConfBaseException, yaml.YAMLError) as err:
         why = err.strerror if isinstance(err, OSError) and err.strerror else \
             str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ConfigError(f"{path} cannot be read ({why})") from None
+    missing = [key for key in RUN_SETTINGS if OmegaConf.select(config, key, default=None) is None]
+    if missing:
+        raise ConfigError(f"{path} holds no run's settings (it lacks {', '.join(missing)}, which every run writes)")
+    return config
 
 
 def read_run_info(folder: Path) -> dict:
