@@ -58,3 +58,15 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """Refuse an empty argument (`''`, `--out=`) before parsing: argparse takes it as an option not given, or as
+        a path to the current folder."""
+        given = sys.argv[1:] if args is None else list(args)
+        for before, value in zip([None, *given], given):
+            option, equals, rest = value.partition("=") if value.startswith("--") else ("", "", value)
+            if (equals or not option) and not rest.strip():
+                named = option or (before if before and before.startswith("-") else "")
+                self.error(f"an empty argument{f' for {named}' if named else ''}: give a value (a path, a name, a "
+                           f"number)")
+        return super().parse_known_args(args, namespace)

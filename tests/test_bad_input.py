@@ -396,6 +396,11 @@ COMMAND_CASES = {   # the other commands: argv -> what the one line says ({tmp}:
                                                                           "jsonl): nothing to report"),
     "report of no folder": (["memdefrag", "report", "{tmp}/nowhere"], "no such folder"),
     "report of two folders": (["memdefrag", "report", "{tmp}", "{tmp}"], "unrecognized arguments"),
+    "report of an empty path": (["memdefrag", "report", ""], "an empty argument: give a value"),
+    "compare of a blank path": (["memdefrag", "compare", "{tmp}", "  "], "an empty argument: give a value"),
+    "bench into an empty --out": (["memdefrag-bench", "--out", ""], "an empty argument for --out: give a value"),
+    "bench saving into --save-random=": (["memdefrag-bench", "--shape", "tiny", "--save-random="],
+                                         "an empty argument for --save-random"),
     "merge of a folder without shards": (["memdefrag", "merge", "{tmp}"], "holds no sharded runs"),
     "merge of no folder": (["memdefrag", "merge", "{tmp}/nowhere"], "no such folder"),
     "a misspelt subcommand": (["memdefrag", "reprot", "results"], "'reprot' is neither a subcommand (report, "
