@@ -320,6 +320,35 @@ def test_a_time_limit_the_signal_would_fill_is_refused_naming_signal_delay_s(tmp
     assert not sweep.exists() and no_work == []
 
 
+def test_ctrl_c_in_a_terminal_ends_a_local_sweep_with_its_one_line_and_no_traceback(tmp_path, tiny_checkpoint):
+    """A terminal's Ctrl-C reaches every process of its foreground group: the command, which cancels its job and
+    says so in one line (exit 130), and submitit's controller of the job, whose KeyboardInterrupt traceback went to
+    the same terminal under that line. It goes to the jobs' log folder now; no process of the sweep stays."""
+    sweep = tmp_path / "sweep"
+    command = [sys.executable, "-m", "harness", *sweep_args(tiny_checkpoint, sweep, "method=memdefrag_top2",
+                                                            "hydra/launcher=local", groups=40, updates=6)]
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)      # a group of its own, as a terminal's foreground job
+    until(lambda: (sweep / RUN / "groups.jsonl").is_file(), 120, "a group finished")
+    os.killpg(process.pid, signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    job = re.search(r"^  (\S+): ", out, re.MULTILINE)[1]
+    assert process.returncode == 130 and err.splitlines() == [
+        f"memdefrag: interrupted: cancelled job {job}; rerun the same command to resume (finished groups are kept)"], err
+    assert "KeyboardInterrupt" in until(lambda: (sweep / ".submitit" / "controllers.log").read_text(), 10,
+                                        "the controller's traceback in its log")
+    until(lambda: not group_alive(process.pid), 30, "every process of the sweep ended")
+
+
+def group_alive(group: int) -> bool:
+    """Whether any process of the process group is left (a zombie too: it has not been reaped)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("launcher", [pytest.param("slurm", marks=pytest.mark.slurm), "local"])
 def test_a_job_failing_inside_ends_the_command_with_its_line_after_the_others(tmp_path, tiny_checkpoint, request,
                                                                              launcher):

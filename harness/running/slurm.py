@@ -16,6 +16,7 @@ limit (Requeue: requeued as long as each try finishes a group).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -23,7 +24,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from hydra.core.singleton import Singleton
@@ -203,6 +204,10 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
                                       if k not in init})
         return executor
 
+    def submitting(self):
+        """What the submission runs inside (nothing here; see Local)."""
+        return nullcontext()
+
     def named(self, jobs, folders: list[str]) -> None:
         """Give each job its run's name where the scheduler shows names (SLURM)."""
 
@@ -220,9 +225,10 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
         self.runs = {num: str(sweep_dir.absolute() / folder) for num, folder in zip(nums, folders)}  # for the jobs
         with stops_on_config_error("memdefrag"):
             try:
-                jobs = executor.map_array(self, [list(o) for o in job_overrides], ["hydra.sweep.dir"] * len(nums),
-                                          list(nums), [f"job_id_for_{num}" for num in nums],
-                                          [Singleton.get_state()] * len(nums))
+                with self.submitting():
+                    jobs = executor.map_array(self, [list(o) for o in job_overrides],
+                                              ["hydra.sweep.dir"] * len(nums), list(nums),
+                                              [f"job_id_for_{num}" for num in nums], [Singleton.get_state()] * len(nums))
             except FailedJobError as err:   # what --test-only passed (SLURM checks no account or QOS there)
                 said = str(err).strip().splitlines()
                 raise ConfigError(f"{self._EXECUTOR} refused the submission ({said[-1] if said else 'no reason given'})"
@@ -290,6 +296,32 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
         print(f"memdefrag: {len(failed)} of {len(jobs)} runs failed ({len(jobs) - len(failed)} finished, in "
               f"{sweep_dir}); rerun the same command to resume", file=sys.stderr)
         sys.exit(2)
+
+
+class Local(Waiting):
+    """hydra/launcher=local's part: each job runs under a controller process of submitit's, which a terminal's
+    Ctrl-C reaches beside this command (one process group), and which prints its KeyboardInterrupt's traceback
+    under the command's one line. Its stderr goes to controllers.log in the jobs' log folder instead."""
+
+    def submitting(self):
+        return stderr_into(Path(self.params["submitit_folder"]).parent / "controllers.log")
+
+
+@contextmanager
+def stderr_into(path: Path) -> Iterator[None]:
+    """Processes started inside write their stderr to `path` (they inherit file descriptor 2); this process's
+    own is back after."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    kept = os.dup(2)
+    try:
+        with open(path, "a", encoding="utf-8") as log_file:
+            os.dup2(log_file.fileno(), 2)
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(kept, 2)
+        os.close(kept)
 
 
 class Slurm(Waiting):

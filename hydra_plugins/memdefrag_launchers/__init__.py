@@ -3,12 +3,12 @@ submitit launchers with harness.running.slurm's preflight, status lines and fail
 
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
-from harness.running.slurm import Slurm, Waiting
+from harness.running.slurm import Local, Slurm
 
 
 class SlurmLauncher(Slurm, submitit_launcher.SlurmLauncher):
     """hydra/launcher=slurm (conf/hydra/launcher/slurm.yaml)."""
 
 
-class LocalLauncher(Waiting, submitit_launcher.LocalLauncher):
+class LocalLauncher(Local, submitit_launcher.LocalLauncher):
     """hydra/launcher=local (conf/hydra/launcher/local.yaml)."""
