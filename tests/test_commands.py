@@ -3,8 +3,10 @@ installed console script's entry point in this process (a warning is an error he
 on the user's terminal), and each console script once as the process a user starts."""
 
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,3 +39,30 @@ def test_each_console_script_refuses_in_one_line_as_a_process(tmp_path, command,
     done = subprocess.run([script, *args, str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr[-1000:]
     assert done.stderr.startswith(prefix), done.stderr
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler of its own for the signal (Linux: SigCgt in /proc/<pid>/status)."""
+    try:
+        mask = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("SigCgt"))
+    except FileNotFoundError:
+        return False
+    return bool(int(mask.split()[1], 16) >> (signum - 1) & 1)
+
+
+@pytest.mark.parametrize("command, signum", [("memdefrag", signal.SIGINT), ("memdefrag", signal.SIGTERM),
+                                             ("memdefrag-bench", signal.SIGINT)])
+def test_ctrl_c_or_sigterm_while_a_command_starts_is_one_line_and_130(command, signum):
+    """The signal as soon as the command catches it, while its modules import (seconds: torch, transformers,
+    Hydra): its one line and 130, as later in the run, not Python's traceback (Ctrl-C) or a silent 143."""
+    script = shutil.which(command, path=str(Path(sys.executable).parent))
+    process = subprocess.Popen([script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not catches(process.pid, signal.SIGTERM):       # Python catches SIGINT from its start; SIGTERM: ours
+        assert process.poll() is None and time.monotonic() < deadline, "the command never caught SIGTERM"
+        time.sleep(0.005)
+    importing = "libtorch" not in Path(f"/proc/{process.pid}/maps").read_text()
+    process.send_signal(signum)
+    assert importing, "torch was loaded before the command caught SIGTERM: the signal came after its imports"
+    err = process.communicate(timeout=60)[1]
+    assert process.returncode == 130 and err == f"{command}: interrupted\n", (process.returncode, err[-2000:])

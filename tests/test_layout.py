@@ -25,7 +25,9 @@ def imported(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "harness":
-            found |= {f"{node.module}.{a.name}" if node.module == "harness" else node.module for a in node.names}
+            found |= {node.module if node.module != "harness" else f"harness.{a.name}"
+                      if (ROOT / "harness" / a.name).is_dir() or (ROOT / "harness" / f"{a.name}.py").is_file()
+                      else "harness" for a in node.names}      # a module of the package, or a name of its own
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.split(".")[0] == "harness"}
     return found
