@@ -283,3 +283,25 @@ def test_a_cpu_is_named_by_its_model_as_the_tables_show_it(cpuinfo, name):
     from harness.measurement.device import cpu_model
 
     assert cpu_model(cpuinfo).startswith(name) and "(R)" not in cpu_model(cpuinfo)
+
+
+def test_an_interrupted_bench_says_which_sizes_it_timed_and_where_their_table_is(tmp_path, monkeypatch, capsys):
+    """Ctrl-C (or SIGTERM) at the second size: one line naming the size timed and --out, which holds its rows."""
+    import harness.measurement.benchmark as bench
+
+    timed = []
+
+    def anchor_then_ctrl_c(*args):
+        if timed:
+            raise KeyboardInterrupt
+        timed.append(args)
+        return 1.0
+
+    monkeypatch.setattr(bench, "static_generate_ms", anchor_then_ctrl_c)
+    out = tmp_path / "speed.md"
+    with pytest.raises(SystemExit) as ended:
+        main(["--shape", "tiny", "--sizes", "2", "3", "--new-tokens", "2", "--repeats", "1", "--methods", "none",
+              "--out", str(out)])
+    assert ended.value.code == 130
+    assert capsys.readouterr().err == f"memdefrag-bench: interrupted: --sizes 2 timed of 2 3, their table in {out}\n"
+    assert [line.split("|")[1].strip() for line in out.read_text().splitlines()[4:]] == ["2"]

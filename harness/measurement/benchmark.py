@@ -42,7 +42,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from evals.retention import Retention
-from harness.errors import ConfigError, OneLineParser, raised, stops_on_config_error
+from harness.errors import ConfigError, Interrupted, OneLineParser, raised, stops_on_config_error
 from harness.measurement.device import device_name
 from harness.measurement.kernels import kernels
 from harness.models import cache
@@ -406,41 +406,54 @@ def measure(args: argparse.Namespace) -> None:
     if args.hidden_prefix:
         backends["hidden_prefix"] = HiddenPrefixBackend
     rows, profiled = [], []
-    for n in args.sizes:
-        group, *others = retention(args, n).groups(tokenizer)
-        questions = [other.target.question for other in others]
-        questions.insert(args.repeats, group.target.question)      # asked right after the last update
-        former = Former(model, tokenizer, "shared_sink", keep_kv=True, keep_states=args.hidden_prefix)
-        memory = LatentMemory()
-        for text in group.texts():
-            former.store(memory, text)
-        memory.reorder([*torch.randperm(n - 1, generator=torch.Generator().manual_seed(0)).tolist(), n - 1])
-        stand_ins = [former.next_fragment(memory, other.texts()[n - 1]) for other in others[1:args.repeats]]
-        sessions = sessions_of(model, tokenizer, methods, backends, args.new_tokens, args.decode)
-        per_session = timed(sessions, memory, stand_ins, questions, PeakMemory(model.device),
-                            short_budget(args.new_tokens))
-        anchor_ids = torch.cat([memory.text_ids(), format_prompt(tokenizer, questions[-1], "chat")])
-        anchor = static_generate_ms(model, anchor_ids, args.new_tokens, args.repeats)
-        anchor_past = Window.of(model).past(positions(len(anchor_ids), 0, args.new_tokens))
-        for (method_name, backend_name), timing in per_session.items():
-            floors = hardware.floors(model, timing["prompt_tokens"], timing["recomputed"])
-            floor = floors["floor_ms_per_token"]
-            rows.append({"n": n, "memory_tokens": memory.n_tokens, "method": method_name, "backend": backend_name,
-                         **timing, **floors, "per_token_vs_floor": timing["per_token_ms"] / floor,
-                         "steady_vs_floor": ratio(timing["steady_per_token_ms"], floor),
-                         "static_generate_ms": anchor, "static_generate_past_window": anchor_past,
-                         "per_token_vs_static_generate": timing["per_token_ms"] / anchor,
-                         "steady_vs_static_generate": ratio(timing["steady_per_token_ms"], anchor),
-                         "ttft_vs_floor": timing["ttft_s"] / floors["floor_ttft_s"]})
-        print(pd.DataFrame(rows).drop(columns="output").tail(len(sessions)).to_string(index=False),
-              flush=True)
-        where, text = tabled(args, model, hardware, rows)       # written before profiling, which may fail
-        if args.profile:
-            profiled += profiles(sessions, memory, questions[-1], n)
-            write(args.profile, f"{where}; one more question per method over the full memory, its {PROFILED} "
-                                f"costliest kernels and all of them",
-                  pd.concat(profiled).to_markdown(index=False, floatfmt=".3g") if profiled else "")
+    timed_sizes = []
+    try:
+        for n in args.sizes:
+            group, *others = retention(args, n).groups(tokenizer)
+            questions = [other.target.question for other in others]
+            questions.insert(args.repeats, group.target.question)      # asked right after the last update
+            former = Former(model, tokenizer, "shared_sink", keep_kv=True, keep_states=args.hidden_prefix)
+            memory = LatentMemory()
+            for text in group.texts():
+                former.store(memory, text)
+            memory.reorder([*torch.randperm(n - 1, generator=torch.Generator().manual_seed(0)).tolist(), n - 1])
+            stand_ins = [former.next_fragment(memory, other.texts()[n - 1]) for other in others[1:args.repeats]]
+            sessions = sessions_of(model, tokenizer, methods, backends, args.new_tokens, args.decode)
+            per_session = timed(sessions, memory, stand_ins, questions, PeakMemory(model.device),
+                                short_budget(args.new_tokens))
+            anchor_ids = torch.cat([memory.text_ids(), format_prompt(tokenizer, questions[-1], "chat")])
+            anchor = static_generate_ms(model, anchor_ids, args.new_tokens, args.repeats)
+            anchor_past = Window.of(model).past(positions(len(anchor_ids), 0, args.new_tokens))
+            for (method_name, backend_name), timing in per_session.items():
+                floors = hardware.floors(model, timing["prompt_tokens"], timing["recomputed"])
+                floor = floors["floor_ms_per_token"]
+                rows.append({"n": n, "memory_tokens": memory.n_tokens, "method": method_name,
+                             "backend": backend_name, **timing, **floors,
+                             "per_token_vs_floor": timing["per_token_ms"] / floor,
+                             "steady_vs_floor": ratio(timing["steady_per_token_ms"], floor),
+                             "static_generate_ms": anchor, "static_generate_past_window": anchor_past,
+                             "per_token_vs_static_generate": timing["per_token_ms"] / anchor,
+                             "steady_vs_static_generate": ratio(timing["steady_per_token_ms"], anchor),
+                             "ttft_vs_floor": timing["ttft_s"] / floors["floor_ttft_s"]})
+            print(pd.DataFrame(rows).drop(columns="output").tail(len(sessions)).to_string(index=False),
+                  flush=True)
+            where, text = tabled(args, model, hardware, rows)       # written before profiling, which may fail
+            timed_sizes.append(n)
+            if args.profile:
+                profiled += profiles(sessions, memory, questions[-1], n)
+                write(args.profile, f"{where}; one more question per method over the full memory, its {PROFILED} "
+                                    f"costliest kernels and all of them",
+                      pd.concat(profiled).to_markdown(index=False, floatfmt=".3g") if profiled else "")
+    except KeyboardInterrupt:
+        raise Interrupted(sizes_kept(timed_sizes, args)) from None
     print(f"\n{where}\n{text}")
+
+
+def sizes_kept(timed_sizes: list[int], args: argparse.Namespace) -> str:
+    """What an interrupted bench kept: the sizes it timed of those asked, and where their table is."""
+    timed = f"--sizes {' '.join(map(str, timed_sizes))} timed" if timed_sizes else "no size timed"
+    kept = f", their table in {args.out}" if timed_sizes and args.out else ""
+    return f"{timed} of {' '.join(map(str, args.sizes))}{kept}"
 
 
 def tabled(args: argparse.Namespace, model, hardware: Hardware, rows: list[dict]) -> tuple[str, str]:

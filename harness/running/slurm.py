@@ -228,7 +228,8 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
                 with self.submitting():
                     jobs = executor.map_array(self, [list(o) for o in job_overrides],
                                               ["hydra.sweep.dir"] * len(nums), list(nums),
-                                              [f"job_id_for_{num}" for num in nums], [Singleton.get_state()] * len(nums))
+                                              [f"job_id_for_{num}" for num in nums],
+                                              [Singleton.get_state()] * len(nums))
             except FailedJobError as err:   # what --test-only passed (SLURM checks no account or QOS there)
                 said = str(err).strip().splitlines()
                 raise ConfigError(f"{self._EXECUTOR} refused the submission ({said[-1] if said else 'no reason given'})"
