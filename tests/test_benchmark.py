@@ -305,3 +305,33 @@ def test_an_interrupted_bench_says_which_sizes_it_timed_and_where_their_table_is
     assert ended.value.code == 130
     assert capsys.readouterr().err == f"memdefrag-bench: interrupted: --sizes 2 timed of 2 3, their table in {out}\n"
     assert [line.split("|")[1].strip() for line in out.read_text().splitlines()[4:]] == ["2"]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_floor_counts_the_weights_a_step_reads_not_the_input_embeddings_table_unless_it_is_the_head(tied):
+    """A step reads one row of an untied input embedding (Llama-3.1-8B: 1.05 of 16.1 GB in bf16): the floor leaves
+    it out; a tied one is the output head's table, read whole."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from harness.measurement.benchmark import Hardware
+
+    config = LlamaConfig(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    model = LlamaForCausalLM(config)
+    table = model.get_input_embeddings().weight
+    read = sum(p.numel() for p in model.parameters()) - (0 if tied else table.numel())
+    floors = Hardware(bandwidth=4e6, flops=2e9).floors(model, prompt_tokens=10, recomputed=0)
+    assert floors["floor_ms_per_token"] == pytest.approx(1000 * 4 * read / 4e6)
+    assert floors["floor_ttft_s"] == pytest.approx(2 * read * 10 / 2e9)
+
+
+def test_a_compiled_decodes_header_counts_the_graphs_its_step_compiled(tmp_path):
+    """Every read of the bench (two methods, two answer budgets) served by one compile of the step."""
+    from methods.generation import compiled_next_id
+
+    torch._dynamo.reset()                      # as a fresh process: the step not compiled yet
+    compiled_next_id.cache_clear()
+    out = tmp_path / "speed.md"
+    main(["--shape", "tiny", "--sizes", "2", "--new-tokens", "3", "--repeats", "1", "--methods", "none", "vanilla",
+          "--decode", "compiled", "--out", str(out)])
+    assert "decode=compiled (graphs the step compiled: 1)" in out.read_text().splitlines()[0]

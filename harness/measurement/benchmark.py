@@ -33,6 +33,7 @@ import argparse
 import os
 import re
 import shutil
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,12 +220,22 @@ class Hardware:
         return cls(2 * source.numel() / copy, 2 * side ** 3 / product)
 
     def floors(self, model, prompt_tokens: int, recomputed: float) -> dict:
-        """Per generated token, the weights read once; before the first token, 2 FLOPs per parameter for every
-        token the answer runs (the prompt and the recomputed memory; attention's own work left out)."""
-        parameters = sum(p.numel() for p in model.parameters())
-        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        """Per generated token, the weights a step reads (stepped_weights) read once; before the first token, 2
+        FLOPs per such parameter for every token the answer runs (the prompt and the recomputed memory; attention's
+        own work left out)."""
+        weights = stepped_weights(model)
+        parameters = sum(p.numel() for p in weights)
+        weight_bytes = sum(p.numel() * p.element_size() for p in weights)
         return {"floor_ms_per_token": 1000 * weight_bytes / self.bandwidth,
                 "floor_ttft_s": 2 * parameters * (prompt_tokens + recomputed) / self.flops}
+
+
+def stepped_weights(model) -> list[torch.Tensor]:
+    """The parameters a step reads whole: every one but the input embeddings' table, of which a step reads a row per
+    token (1.05 GB of Llama-3.1-8B's 16.1 GB in bf16), unless the output head is the same table (tied)."""
+    table, head = model.get_input_embeddings().weight, model.get_output_embeddings()
+    tied = head is not None and head.weight is table
+    return [p for p in model.parameters() if tied or p is not table]
 
 
 def best_seconds(work, device, repeats: int = 5) -> float:
@@ -406,7 +417,7 @@ def measure(args: argparse.Namespace) -> None:
     if args.hidden_prefix:
         backends["hidden_prefix"] = HiddenPrefixBackend
     rows, profiled = [], []
-    timed_sizes = []
+    timed_sizes, step_graphs = [], 0
     try:
         for n in args.sizes:
             group, *others = retention(args, n).groups(tokenizer)
@@ -419,8 +430,10 @@ def measure(args: argparse.Namespace) -> None:
             memory.reorder([*torch.randperm(n - 1, generator=torch.Generator().manual_seed(0)).tolist(), n - 1])
             stand_ins = [former.next_fragment(memory, other.texts()[n - 1]) for other in others[1:args.repeats]]
             sessions = sessions_of(model, tokenizer, methods, backends, args.new_tokens, args.decode)
+            before = compiled_graphs()
             per_session = timed(sessions, memory, stand_ins, questions, PeakMemory(model.device),
                                 short_budget(args.new_tokens))
+            step_graphs += compiled_graphs() - before      # the anchor's compiled generate left out
             anchor_ids = torch.cat([memory.text_ids(), format_prompt(tokenizer, questions[-1], "chat")])
             anchor = static_generate_ms(model, anchor_ids, args.new_tokens, args.repeats)
             anchor_past = Window.of(model).past(positions(len(anchor_ids), 0, args.new_tokens))
@@ -437,7 +450,7 @@ def measure(args: argparse.Namespace) -> None:
                              "ttft_vs_floor": timing["ttft_s"] / floors["floor_ttft_s"]})
             print(pd.DataFrame(rows).drop(columns="output").tail(len(sessions)).to_string(index=False),
                   flush=True)
-            where, text = tabled(args, model, hardware, rows)       # written before profiling, which may fail
+            where, text = tabled(args, model, hardware, rows, step_graphs)   # before profiling, which may fail
             timed_sizes.append(n)
             if args.profile:
                 profiled += profiles(sessions, memory, questions[-1], n)
@@ -456,23 +469,30 @@ def sizes_kept(timed_sizes: list[int], args: argparse.Namespace) -> str:
     return f"{timed} of {' '.join(map(str, args.sizes))}{kept}"
 
 
-def tabled(args: argparse.Namespace, model, hardware: Hardware, rows: list[dict]) -> tuple[str, str]:
-    """The header and the Markdown table of the rows so far, written to --out if given."""
+def compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process so far (none before dynamo is imported)."""
+    dynamo_utils = sys.modules.get("torch._dynamo.utils")
+    return dynamo_utils.counters["stats"]["unique_graphs"] if dynamo_utils else 0
+
+
+def tabled(args: argparse.Namespace, model, hardware: Hardware, rows: list[dict],
+           step_graphs: int) -> tuple[str, str]:
+    """The header and the Markdown table of the rows so far, written to --out if given; step_graphs: the graphs
+    decode=compiled compiled for the decoding step (one per read that dynamo could not serve from one it had)."""
     table = summarize(pd.DataFrame(rows))
-    compiled = ""
-    if args.decode == Decode.compiled:        # dynamo past its recompile limit runs the step uncompiled: say how many
-        from torch._dynamo.utils import counters
-        compiled = f" (graphs compiled in this process: {counters['stats']['unique_graphs']})"
+    compiled = f" (graphs the step compiled: {step_graphs})" if args.decode == Decode.compiled else ""
+    anchor = "compiled, a CUDA graph" if model.device.type == "cuda" else "not compiled off a GPU"
     where = (f"model={args.shape or 'smollm2'}{' (random weights)' if args.shape else ''}, "
              f"device={model.device} ({device_name(model.device)}), dtype={args.dtype}, "
              f"threads={torch.get_num_threads()}, "
              f"dataset={args.dataset}, {args.new_tokens} generated tokens, best of {args.repeats} questions right "
              f"after an update and of {args.repeats} others over the same memory, methods taking turns; "
              f"{steady_header(args.new_tokens)}the floors: "
-             f"weights read once per token at the copy bandwidth measured here ({hardware.bandwidth / 1e9:.3g} GB/s), "
+             f"weights read once per token (the input embeddings' table aside, unless tied to the output head) at "
+             f"the copy bandwidth measured here ({hardware.bandwidth / 1e9:.3g} GB/s), "
              f"2 FLOPs per parameter per token run before the first at the matmul rate measured here "
              f"({hardware.flops / 1e12:.3g} TFLOP/s); the anchor: transformers' generate(cache_implementation="
-             f"'static') per token over the fragments' text and the question ({'compiled, a CUDA graph' if model.device.type == 'cuda' else 'not compiled off a GPU'}), best of {args.repeats}; "
+             f"'static') per token over the fragments' text and the question ({anchor}), best of {args.repeats}; "
              f"decode={args.decode or default_decode(model.device)}{compiled}; the model's trained window: "
              f"{Window.of(model).limit or 'none declared'} positions (past_window: how far past it a row's longest "
              f"read went, 0 inside; reads past it are timed like any other, their answers not scored)")
