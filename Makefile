@@ -41,14 +41,14 @@ run: setup
 	$(BIN)/memdefrag experiment=main
 
 # What an offline GPU node lacks, in .gpu/ (docs/gpu.md): ../shared/gpu/pack.sh's wheels, data and tokenizer, then
-# pytest's wheels (this .venv's versions) for the GPU tier, and memdefrag-bench's wrapper pointed at
-# harness.measurement.benchmark. The shared wrapper imports the module's old path, harness.benchmark; the file
+# pytest's wheels (this .venv's versions) for the GPU tier, and memdefrag-bench's wrapper pointed at the command's
+# entry, harness.memdefrag_bench. The shared wrapper imports an old path, harness.benchmark; the file
 # keeps its name, bench_with_tokenizer.py, which .gpu/enter.sh runs; --tokenizer now does what it patched in.
 gpu-pack: setup
 	../shared/gpu/pack.sh
 	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .gpu/whl \
 	  $$($(BIN)/python -m pip list --format=freeze | grep -iE '^(pytest|pluggy|iniconfig|packaging)==')
-	printf 'import sys\nimport harness.measurement.benchmark as bench\nsys.argv[0] = "memdefrag-bench"\nsys.exit(bench.main())\n' \
+	printf 'import sys\nfrom harness import memdefrag_bench\nsys.argv[0] = "memdefrag-bench"\nsys.exit(memdefrag_bench())\n' \
 	  > .gpu/bench_with_tokenizer.py
 
 # one worker per core (pytest-xdist); the SLURM tests stay together on one worker (tests/conftest.py)

@@ -128,7 +128,3 @@ def main() -> None:
             schema.check_names()
             check_jobs("config", sys.argv[1:])
             app()
-
-
-if __name__ == "__main__":          # `python -m harness.cli` is the `memdefrag` command too
-    main()

@@ -66,7 +66,8 @@ class OneLineParser(argparse.ArgumentParser):
         for before, value in zip([None, *given], given):
             option, equals, rest = value.partition("=") if value.startswith("--") else ("", "", value)
             if (equals or not option) and not rest.strip():
-                named = option or (before if before and before.startswith("-") else "")
+                taking = self._option_string_actions.get(before or "")          # the option the value is for
+                named = option or (before if taking is not None and taking.nargs != 0 else "")
                 self.error(f"an empty argument{f' for {named}' if named else ''}: give a value (a path, a name, a "
                            f"number)")
         return super().parse_known_args(args, namespace)

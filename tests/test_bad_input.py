@@ -483,7 +483,8 @@ def test_the_other_commands_refuse_bad_input_in_one_line_before_any_work(case, t
     if "{tmp}/runs" in COMMAND_CASES[case][0]:                 # a run for compare and collect to read
         run = tmp_path / "runs" / "vanilla"
         run.mkdir(parents=True)
-        (run / "config.yaml").write_text("method: {label: vanilla}\ntask: {dataset: synthetic}\n")
+        (run / "config.yaml").write_text("method: {label: vanilla}\nmodel: {name: tiny}\n"
+                                         "task: {_target_: evals.retention.Retention, dataset: synthetic}\n")
         (run / "predictions.jsonl").write_text('{"group": 0, "step": 1, "correct": true}\n')
     before = sorted(p for p in tmp_path.rglob("*"))
     monkeypatch.setattr(benchmark, "build", lambda *a: pytest.fail("the benchmark loaded a model"))

@@ -111,7 +111,8 @@ def test_record_files_that_are_not_files_are_left_out_in_one_line_and_the_rest_r
     assert f"{tmp_path / 'ok'}" not in err
 
 
-@pytest.mark.parametrize("config", ["", "rate: 1e-3\n", "method: {label: vanilla}\n", "method: vanilla\ntask: x\n"])
+@pytest.mark.parametrize("config", ["", "rate: 1e-3\n", "method: {label: vanilla}\n", "method: vanilla\ntask: x\n",
+                                    "method: [vanilla]\ntask: {_target_: evals.retention.Retention}\n"])
 def test_a_config_that_names_no_run_is_left_out_in_one_line_by_the_report_and_migrate(tmp_path, capsys, config):
     """An empty config.yaml, another tool's, or one lacking a run's method, task or model: report and migrate name
     it on stderr and leave its folder as it is (a traceback before); the other runs make the report."""

@@ -377,8 +377,8 @@ RUN_SETTINGS = ("method.label", "task._target_", "model.name")
 
 
 def read_config(folder: Path):
-    """A run folder's config.yaml (a mapping holding RUN_SETTINGS), or a ConfigError naming the file and why it
-    cannot be read."""
+    """A run folder's config.yaml (a mapping holding RUN_SETTINGS, read as written: nothing resolved), or a
+    ConfigError naming the file and why it cannot be read."""
     path = Path(folder) / "config.yaml"
     try:
         settings = yaml.load(path.read_text(encoding="utf-8"), Loader=ConfigLoader)
@@ -390,10 +390,17 @@ def read_config(folder: Path):
         why = err.strerror if isinstance(err, OSError) and err.strerror else \
             str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ConfigError(f"{path} cannot be read ({why})") from None
-    missing = [key for key in RUN_SETTINGS if OmegaConf.select(config, key, default=None) is None]
+    missing = [key for key in RUN_SETTINGS if written(settings, key) is None]
     if missing:
         raise ConfigError(f"{path} holds no run's settings (it lacks {', '.join(missing)}, which every run writes)")
     return config
+
+
+def written(settings: dict, key: str):
+    """The value of a dotted key in a config as written (None where a part of it is missing or no mapping)."""
+    for part in key.split("."):
+        settings = settings.get(part) if isinstance(settings, dict) else None
+    return settings
 
 
 def read_run_info(folder: Path) -> dict:
