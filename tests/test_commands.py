@@ -66,3 +66,19 @@ def test_ctrl_c_or_sigterm_while_a_command_starts_is_one_line_and_130(command, s
     assert importing, "torch was loaded before the command caught SIGTERM: the signal came after its imports"
     err = process.communicate(timeout=60)[1]
     assert process.returncode == 130 and err == f"{command}: interrupted\n", (process.returncode, err[-2000:])
+
+
+def test_a_command_started_ignoring_ctrl_c_goes_on_through_one_during_its_imports(tmp_path):
+    """A script's `memdefrag ... &` starts with SIGINT ignored: a Ctrl-C then, while the modules import, is ignored
+    as before, and the command goes on to its own end (here a refusal, exit 2)."""
+    script = shutil.which("memdefrag", path=str(Path(sys.executable).parent))
+    process = subprocess.Popen([script, "report", str(tmp_path / "nowhere")], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    deadline = time.monotonic() + 60
+    while not catches(process.pid, signal.SIGTERM):
+        assert process.poll() is None and time.monotonic() < deadline, "the command never caught SIGTERM"
+        time.sleep(0.005)
+    process.send_signal(signal.SIGINT)
+    err = process.communicate(timeout=60)[1]
+    assert process.returncode == 2 and "no such folder" in err, (process.returncode, err[-2000:])
