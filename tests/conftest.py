@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -295,6 +296,12 @@ def no_work(monkeypatch):
     started = []
     monkeypatch.setattr(cli, "run", lambda *a, **k: started.append(a))
     return started
+
+
+def as_in_a_terminal() -> None:
+    """A terminal's foreground job takes Ctrl-C: SIGINT as its default, whatever the test runner was started with
+    (a shell's background job, `make test &`, ignores it, and its children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def console_script(command: str):

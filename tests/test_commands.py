@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import refusal
+from tests.conftest import as_in_a_terminal, refusal
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -56,7 +56,8 @@ def test_ctrl_c_or_sigterm_while_a_command_starts_is_one_line_and_130(command, s
     """The signal as soon as the command catches it, while its modules import (seconds: torch, transformers,
     Hydra): its one line and 130, as later in the run, not Python's traceback (Ctrl-C) or a silent 143."""
     script = shutil.which(command, path=str(Path(sys.executable).parent))
-    process = subprocess.Popen([script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=as_in_a_terminal)
     deadline = time.monotonic() + 60
     while not catches(process.pid, signal.SIGTERM):       # Python catches SIGINT from its start; SIGTERM: ours
         assert process.poll() is None and time.monotonic() < deadline, "the command never caught SIGTERM"

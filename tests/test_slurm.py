@@ -27,7 +27,7 @@ from harness.report.compare import compare, markdown
 from harness.results.folder import read_jsonl
 from harness.plugins.contracts import check_first_record
 from harness.running.slurm import Requeue, TimeLimit, check_request, requeueing
-from tests.conftest import refusal, refused, tiny_overrides
+from tests.conftest import as_in_a_terminal, refusal, refused, tiny_overrides
 from tests.test_docs import blocks, command_lines
 
 ON_CPU = ["hydra/launcher=slurm", "hydra.launcher.partition=cpu", "hydra.launcher.cpus_per_task=1",
@@ -328,7 +328,7 @@ def test_ctrl_c_in_a_terminal_ends_a_local_sweep_with_its_one_line_and_no_traceb
     command = [sys.executable, "-m", "harness", *sweep_args(tiny_checkpoint, sweep, "method=memdefrag_top2",
                                                             "hydra/launcher=local", groups=40, updates=6)]
     process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)      # a group of its own, as a terminal's foreground job
+                               start_new_session=True, preexec_fn=as_in_a_terminal)   # a group of its own
     until(lambda: (sweep / RUN / "groups.jsonl").is_file(), 120, "a group finished")
     os.killpg(process.pid, signal.SIGINT)
     out, err = process.communicate(timeout=60)
