@@ -87,18 +87,18 @@ class Section:
 def runs_under(root: Path) -> list[Run]:
     """The runs below `root` (one still running, or killed, counts for the groups it finished; its run.json is
     read when written). A folder whose files cannot be read, or that has finished no group yet, is left out,
-    one line on stderr says which; none at all is refused, before anything is written."""
+    one line on stderr says which and why; none at all is refused, before anything is written."""
     runs, skipped, unanswered = [], [], []
     for folder in run_folders(root):
         try:
             run = Run(folder, OmegaConf.to_container(read_config(folder)),
                       read_run_info(folder) if os.path.lexists(folder / "run.json") else {})
             (runs if run.records else unanswered).append(run)
-        except (OSError, ValueError):        # config.yaml, run.json or a record file unreadable (a ConfigError)
-            skipped.append(str(folder))
+        except (OSError, ValueError) as err:     # config.yaml, run.json or a record file unreadable (a ConfigError)
+            skipped.append(str(err) if str(folder) in str(err) else f"{folder}: {err}")
     if skipped:
-        print(f"memdefrag report: left out {len(skipped)} run folders whose config.yaml, run.json, predictions.jsonl "
-              f"or groups.jsonl cannot be read: {', '.join(skipped)}", file=sys.stderr)
+        print(f"memdefrag report: left out {len(skipped)} run folders that cannot be read as runs: "
+              f"{'; '.join(skipped)}", file=sys.stderr)
     if unanswered:
         print(f"memdefrag report: left out {len(unanswered)} run folders with no finished group yet: "
               f"{', '.join(str(run.folder) for run in unanswered)}", file=sys.stderr)
