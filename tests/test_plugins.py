@@ -256,10 +256,10 @@ def test_a_plugin_of_several_words_is_named_by_its_yaml_in_its_schema_and_its_re
     assert config_name("method", "methods.memdefrag.MemDefrag") == "memdefrag"     # not memdefrag_top1..
 
 
-def test_python_m_harness_cli_is_the_memdefrag_command():
+def test_python_m_harness_is_the_memdefrag_command():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "harness.cli", "resume=2"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "harness", "resume=2"], capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr == ("memdefrag: error: resume=2: resume is a boolean option, it takes "
                                                     "true or false\n")
