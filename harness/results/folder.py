@@ -390,17 +390,11 @@ def read_config(folder: Path):
         why = err.strerror if isinstance(err, OSError) and err.strerror else \
             str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ConfigError(f"{path} cannot be read ({why})") from None
-    missing = [key for key in RUN_SETTINGS if written(settings, key) is None]
+    given = flattened(settings)                 # as written: nothing resolved
+    missing = [key for key in RUN_SETTINGS if given.get(key) is None]
     if missing:
         raise ConfigError(f"{path} holds no run's settings (it lacks {', '.join(missing)}, which every run writes)")
     return config
-
-
-def written(settings: dict, key: str):
-    """The value of a dotted key in a config as written (None where a part of it is missing or no mapping)."""
-    for part in key.split("."):
-        settings = settings.get(part) if isinstance(settings, dict) else None
-    return settings
 
 
 def read_run_info(folder: Path) -> dict:
