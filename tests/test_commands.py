@@ -50,6 +50,15 @@ def catches(pid: int, signum: int) -> bool:
     return bool(int(mask.split()[1], 16) >> (signum - 1) & 1)
 
 
+def until_catching(process: subprocess.Popen) -> None:
+    """Wait (up to 60 s) until the command has a SIGTERM handler of its own: Python catches SIGINT from its start,
+    SIGTERM only once the command's code does."""
+    deadline = time.monotonic() + 60
+    while not catches(process.pid, signal.SIGTERM):
+        assert process.poll() is None and time.monotonic() < deadline, "the command never caught SIGTERM"
+        time.sleep(0.005)
+
+
 @pytest.mark.parametrize("command, signum", [("memdefrag", signal.SIGINT), ("memdefrag", signal.SIGTERM),
                                              ("memdefrag-bench", signal.SIGINT)])
 def test_ctrl_c_or_sigterm_while_a_command_starts_is_one_line_and_130(command, signum):
@@ -58,10 +67,7 @@ def test_ctrl_c_or_sigterm_while_a_command_starts_is_one_line_and_130(command, s
     script = shutil.which(command, path=str(Path(sys.executable).parent))
     process = subprocess.Popen([script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=as_in_a_terminal)
-    deadline = time.monotonic() + 60
-    while not catches(process.pid, signal.SIGTERM):       # Python catches SIGINT from its start; SIGTERM: ours
-        assert process.poll() is None and time.monotonic() < deadline, "the command never caught SIGTERM"
-        time.sleep(0.005)
+    until_catching(process)
     importing = "libtorch" not in Path(f"/proc/{process.pid}/maps").read_text()
     process.send_signal(signum)
     assert importing, "torch was loaded before the command caught SIGTERM: the signal came after its imports"
@@ -76,10 +82,7 @@ def test_a_command_started_ignoring_ctrl_c_goes_on_through_one_during_its_import
     process = subprocess.Popen([script, "report", str(tmp_path / "nowhere")], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    deadline = time.monotonic() + 60
-    while not catches(process.pid, signal.SIGTERM):
-        assert process.poll() is None and time.monotonic() < deadline, "the command never caught SIGTERM"
-        time.sleep(0.005)
+    until_catching(process)
     process.send_signal(signal.SIGINT)
     err = process.communicate(timeout=60)[1]
     assert process.returncode == 2 and "no such folder" in err, (process.returncode, err[-2000:])
