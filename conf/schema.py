@@ -30,7 +30,7 @@ from omegaconf import MISSING, SI, OmegaConf
 from harness.errors import ConfigError, raised
 from harness.models.loading import ModelSpec
 from harness.plugins.contracts import LABELLED, locate_class
-from harness.results.folder import folder_name
+from harness.results.folder import folder_name, folder_word
 from harness.running.runner import Backend
 from methods.formation import Formation, FormationBatch, Residence
 from methods.generation import Decode
@@ -120,9 +120,11 @@ class RunSchema:
 def register() -> None:
     """Store the run's schema and, for every YAML file of conf/ with a `_target_`, its plugin's; and the
     `folder` resolver that makes a label a plain folder name (harness.results.folder.folder_name, as `memdefrag collect`
-    names them)."""
+    names them), and `folder_word` a setting's value one word of it (a sweep's folders told apart by their settings:
+    harness/running/jobs.py)."""
     if not OmegaConf.has_resolver("folder"):
         OmegaConf.register_new_resolver("folder", lambda label: folder_name(str(label)))
+        OmegaConf.register_new_resolver("folder_word", folder_word)
     ConfigStore.instance().store(name="run_schema", node=RunSchema)
     for path in sorted(CONF.glob("*/*.yaml")):
         register_file(path)

@@ -81,8 +81,8 @@ def tracer_sweep_command(argv: list[str]) -> None:
     with stops_on_config_error("memdefrag tracer-sweep"):
         tracer_layers.start_file()
         schema.check_names()
-        check_jobs("tracer_sweep", argv)
-    sys.argv = [sys.argv[0], *argv]
+        told = check_jobs("tracer_sweep", argv)
+    sys.argv = [sys.argv[0], *argv, *told]
     tracer_sweep()
 
 
@@ -126,5 +126,5 @@ def main() -> None:
                 raise ConfigError(f"{command!r} is neither a subcommand ({', '.join(COMMANDS)}) nor an override "
                                   f"(KEY=VALUE, GROUP=CHOICE); memdefrag --help lists both")
             schema.check_names()
-            check_jobs("config", sys.argv[1:])
+            sys.argv += check_jobs("config", sys.argv[1:])
             app()

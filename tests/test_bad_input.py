@@ -502,7 +502,7 @@ def test_resuming_into_a_folder_of_another_run_is_refused_before_weights_load(tm
     """Refused before Hydra writes the folder's .hydra/ (which says what command made the results), a sweep's
     job before any job runs."""
     from tests.test_config import composed
-    folder = tmp_path / ("1_vanilla_unbounded_synthetic" if sweep else "run")
+    folder = tmp_path / ("vanilla_unbounded_synthetic" if sweep else "run")
     folder.mkdir()
     (folder / "config.yaml").write_text(OmegaConf.to_yaml(composed("task.groups=3", "logger=none", "method=vanilla"),
                                                           resolve=True))

@@ -132,6 +132,34 @@ def test_a_sweeps_job_folder_is_named_as_hydra_will_or_left_to_the_job(subdir, n
     check_jobs("config", ["-m", "method=vanilla,text", f"hydra.sweep.dir={tmp_path}", f"hydra.sweep.subdir={subdir}"])
 
 
+@pytest.mark.parametrize("swept, folders", [
+    (["method=vanilla,text"], ["vanilla_unbounded_synthetic", "text_unbounded_synthetic"]),
+    (["method=memdefrag", "method.k=1,2"],
+     ["memdefrag_top1_unbounded_synthetic", "memdefrag_top2_unbounded_synthetic"]),
+    (["method=vanilla", "shard=1/2,0/2", "model=gemma3_270m,smollm2"],
+     [f"vanilla_unbounded_synthetic_model-{model}_shard-{shard}"
+      for shard in ("1-2", "0-2") for model in ("gemma3_270m", "smollm2")]),
+    (["method=memdefrag", "method.query_mode=last,mean", "model.query_mode=last"],
+     ["memdefrag_top2_unbounded_synthetic_query_mode-last", "memdefrag_top2_unbounded_synthetic_query_mode-mean"]),
+    (["method=memdefrag", "method.query_mode=last,mean", "model.query_mode=last,mean"],
+     [f"memdefrag_top2_unbounded_synthetic_method.query_mode-{a}_model.query_mode-{b}"
+      for a in ("last", "mean") for b in ("last", "mean")]),
+])
+def test_a_sweeps_folders_are_named_by_what_tells_its_jobs_apart(swept, folders, tmp_path):
+    """A sweep's folder name, then `_<key>-<value>` for each setting that tells apart jobs the name alone would put
+    in one folder (a config group by its choice, a value as a plain word, a key by its last part unless two share
+    it): no job's place in the sweep, so reordering or extending a sweep keeps the names of its runs."""
+    from harness.results.paths import job_folder
+    from harness.running.jobs import check_jobs, job_overrides
+
+    args = ["-m", *swept, f"hydra.sweep.dir={tmp_path}"]
+    told = check_jobs("config", args)
+    with initialize_config_module("conf", version_base="1.3"):
+        jobs = job_overrides("config", args).jobs
+        assert [job_folder(composed_with_hydra([*job, *told]), num, multirun=True).name
+                for num, job in enumerate(jobs)] == folders
+
+
 def composed_with_hydra(overrides: list[str]):
     from hydra import compose
 

@@ -145,6 +145,26 @@ def test_a_second_run_into_a_folder_being_written_is_refused_and_nothing_is_doub
     assert len(keys) == len(set(keys)) == 12 * 4
 
 
+def test_a_sweep_reordered_and_extended_resumes_into_the_folders_it_wrote(tmp_path, tiny_checkpoint, monkeypatch,
+                                                                          capsys):
+    """A sweep's folders are named by what tells its jobs apart (`_backend-fast`), not by their place in it: the
+    same sweep with its values reordered and a method added finds its finished runs where it left them, and runs
+    only the new jobs."""
+    sweep = [*tiny_overrides(tiny_checkpoint), "task.groups=1", "task.updates=2", f"hydra.sweep.dir={tmp_path}"]
+    code, _, err = command(["memdefrag", "-m", "method=none", "backend=fast,hidden_prefix", *sweep], monkeypatch,
+                           capsys)
+    assert code == 0, err
+    first = {"none_unbounded_synthetic_backend-fast", "none_unbounded_synthetic_backend-hidden_prefix"}
+    assert {p.parent.name for p in tmp_path.glob("*/run.json")} == first
+    written = {name: (tmp_path / name / "predictions.jsonl").read_bytes() for name in first}
+    code, _, err = command(["memdefrag", "-m", "method=vanilla,none", "backend=hidden_prefix,fast", *sweep],
+                           monkeypatch, capsys)
+    assert code == 0, err
+    added = {"vanilla_unbounded_synthetic_backend-fast", "vanilla_unbounded_synthetic_backend-hidden_prefix"}
+    assert {p.parent.name for p in tmp_path.glob("*/run.json")} == first | added
+    assert {name: (tmp_path / name / "predictions.jsonl").read_bytes() for name in first} == written
+
+
 def test_a_finished_run_run_again_loads_no_weights_and_leaves_its_files_as_they_are(tmp_path, tiny_checkpoint,
                                                                                      monkeypatch):
     """The same command again over a finished run: nothing to run, so no model loads and run.json (its measured

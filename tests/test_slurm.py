@@ -32,7 +32,7 @@ from tests.test_docs import blocks, command_lines
 
 ON_CPU = ["hydra/launcher=slurm", "hydra.launcher.partition=cpu", "hydra.launcher.cpus_per_task=1",
           "hydra.launcher.mem_gb=1"]
-RUN = "0_memdefrag_top2_unbounded_synthetic"
+RUN = "memdefrag_top2_unbounded_synthetic"
 
 
 def sbatch_answers() -> str | None:
@@ -179,8 +179,8 @@ def test_a_sweep_through_slurm_answers_as_the_same_sweep_without_a_launcher(tmp_
     status = re.findall(rf"\] job {array[1]}: (.*); logs in ", done.stdout)
     assert status[-1] == "2 of 2 done" and len(status) == len(set(status)), done.stdout   # one per change
     names = until(lambda: ended(array[1], "JobName%60,State"), 60, f"job {array[1]} recorded as ended")
-    assert names == ["memdefrag:0_none_unbounded_synthetic", "COMPLETED",
-                     "memdefrag:1_memdefrag_top2_unbounded_synthetic", "COMPLETED"]
+    assert names == ["memdefrag:none_unbounded_synthetic", "COMPLETED",
+                     "memdefrag:memdefrag_top2_unbounded_synthetic", "COMPLETED"]
     assert (tmp_path / "slurm" / "summary.md").is_file() and "warn" not in done.stderr.lower()
     plain = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, tmp_path / "plain", "method=none,memdefrag_top2"))
     assert plain.returncode == 0, plain.stderr
@@ -359,7 +359,7 @@ def test_a_job_failing_inside_ends_the_command_with_its_line_after_the_others(tm
     if launcher == "slurm":
         request.getfixturevalue("slurm")
     sweep = tmp_path / launcher
-    broken = sweep / "1_memdefrag_top2_unbounded_synthetic"
+    broken = sweep / "memdefrag_top2_unbounded_synthetic"
     (broken / "predictions.jsonl").mkdir(parents=True)      # docs/slurm.md's example
     done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, sweep, "method=none,memdefrag_top2",
                                            *(ON_CPU if launcher == "slurm" else ["hydra/launcher=local"])))
@@ -374,7 +374,7 @@ def test_a_job_failing_inside_ends_the_command_with_its_line_after_the_others(tm
         f"{broken / 'predictions.jsonl'}: Is a directory; the groups finished so far are kept: mend that path (or "
         f"choose another output folder) and rerun the same command to resume; log: {log}",
         f"memdefrag: 1 of 2 runs failed (1 finished, in {sweep}); rerun the same command to resume"], done.stderr
-    assert log.is_file() and (sweep / "0_none_unbounded_synthetic" / "run.json").is_file()
+    assert log.is_file() and (sweep / "none_unbounded_synthetic" / "run.json").is_file()
     assert "none" in (sweep / "summary.md").read_text() and "memdefrag_top2" not in (sweep / "summary.md").read_text()
     if launcher == "slurm":
         array = job.split("_")[0]

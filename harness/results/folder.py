@@ -129,6 +129,12 @@ def folder_name(label: str) -> str:
     return ("+".join(plain) or "run") + "-" + hashlib.sha256("+".join(words).encode()).hexdigest()[:8]
 
 
+def folder_word(value) -> str:
+    """A setting's value as one plain word of a folder name (`0/2` -> `0-2`, `[10, 20]` -> `10-20`): each run of
+    other characters than PLAIN_WORD's made one '-'."""
+    return re.sub(r"[^A-Za-z0-9_.@-]+", "-", str(value)).strip("-") or "-"
+
+
 def digest(lines: list[str]) -> str:
     """sha256 of a group's record lines as written."""
     return hashlib.sha256("".join(line + "\n" for line in lines).encode()).hexdigest()

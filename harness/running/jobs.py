@@ -157,19 +157,21 @@ def expanded(parsed) -> list[list[str]]:
     return [list(job) for job in itertools.product(*choices.values())]
 
 
-def check_jobs(config_name: str, args: list[str]) -> None:
+def check_jobs(config_name: str, args: list[str]) -> list[str]:
     """Compose and preflight every job of the command line, a run's one composed once; for an informational flag
-    (--cfg, ...), which runs nothing, only its boolean values, and Hydra reports any other error itself."""
+    (--cfg, ...), which runs nothing, only its boolean values, and Hydra reports any other error itself. Returns
+    what Hydra's run takes beside the command line: a sweep's folder names told apart (`told_apart`)."""
     with initialize_config_module("conf", version_base="1.3"):
         if any(a.startswith("-") and a not in RUN_FLAGS for a in args):
             check_informational(config_name, [a for a in args if not a.startswith("-")])
-            return
+            return []
         line = job_overrides(config_name, args)
         jobs = line.jobs
+        configs = [line.composed if jobs == [line.lines] else composed(config_name, job, hydra=True) for job in jobs]
+        subdir = told_apart(jobs, configs, args) if line.multirun else None
         named: dict[tuple[str, str], set[str]] = {}      # (kind, label) -> the classes the sweep gives it to
         writes: dict[Path, str] = {}                     # folder -> the job that writes it
-        for num, job in enumerate(jobs):
-            cfg = line.composed if jobs == [line.lines] else composed(config_name, job, hydra=True)
+        for num, (job, cfg) in enumerate(zip(jobs, configs)):
             choices, folder = dict(cfg.hydra.runtime.choices), job_folder(cfg, num, line.multirun)
             with open_dict(cfg):
                 del cfg["hydra"]
@@ -185,6 +187,35 @@ def check_jobs(config_name: str, args: list[str]) -> None:
                 raise ConfigError(f"{kind}.label={label!r} names {len(targets)} {kind} classes in this sweep "
                                   f"({', '.join(sorted(targets))}), whose runs the tables would pool: give each its "
                                   f"own label")
+    return [] if subdir is None else [f"hydra.sweep.subdir='{subdir}'"]
+
+
+def told_apart(jobs: list[list[str]], configs: list[DictConfig], args: list[str]) -> str | None:
+    """A sweep's folder name (hydra.sweep.subdir) followed by `_<key>-<value>` for each setting that differs
+    between jobs the name alone would put in one folder (sorted by key: the names do not depend on the order of
+    the sweep's values, so a sweep reordered or extended resumes into the same folders); set on `configs`. None
+    where every job has a folder of its own, or the command line names the folders itself."""
+    folders = [job_folder(cfg, num, multirun=True) for num, cfg in enumerate(configs)]
+    if None in folders or len(set(folders)) == len(folders) or any(a.startswith("hydra.sweep.subdir=") for a in args):
+        return None
+    settings = [dict(override.split("=", 1) for override in job) for job in jobs]
+    keys: set[str] = set()
+    for folder in {f for f in folders if folders.count(f) > 1}:
+        together = [setting for setting, f in zip(settings, folders) if f == folder]
+        keys |= {key for setting in together for key in setting
+                 if len({s.get(key) for s in together}) > 1 and re.fullmatch(r"\+*[\w.]+", key)}
+    if not keys:
+        return None
+    keys = {key.lstrip("+") for key in keys}
+    short = {key: key.rsplit(".", 1)[-1] for key in keys}
+    groups = configs[0].hydra.runtime.choices
+    words = [f"{short[key] if list(short.values()).count(short[key]) == 1 else key}-"
+             + ("${hydra.runtime.choices." + key + "}" if key in groups else "${folder_word:${" + key + "}}")
+             for key in sorted(keys)]
+    subdir = "_".join([OmegaConf.to_container(configs[0].hydra.sweep, resolve=False)["subdir"], *words])
+    for cfg in configs:
+        cfg.hydra.sweep.subdir = subdir
+    return subdir
 
 
 def check_folder(folder: Path | None, cfg: DictConfig, job: str, writes: dict[Path, str]) -> None:
