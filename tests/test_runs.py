@@ -27,13 +27,15 @@ def answers(folder):
 
 
 def test_merged_shards_equal_the_unsharded_run(tmp_path, tiny_checkpoint):
+    """Shards named as a sweep tells them apart merge into a run named without their shard."""
     run(tiny_run_config(tiny_checkpoint, *RUN), str(tmp_path / "whole"))
     for i in range(2):
-        shard = tmp_path / "sweep" / f"{i}_run"
+        shard = tmp_path / "sweep" / f"memdefrag_top1_random_synthetic_shard-{i}-2"
         run(tiny_run_config(tiny_checkpoint, *RUN, f"shard={i}/2"), str(shard))
         (shard / ".hydra").mkdir()                     # what a Hydra job leaves beside the results: no shard
         shutil.copy(shard / "config.yaml", shard / ".hydra" / "config.yaml")
     [merged] = merge_sweep(tmp_path / "sweep")
+    assert merged == tmp_path / "sweep" / "merged" / "memdefrag_top1_random_synthetic"
     assert answers(merged) == answers(tmp_path / "whole")
     assert (merged / "metrics.csv").read_text() == (tmp_path / "whole" / "metrics.csv").read_text()
     assert json.loads((merged / "run.json").read_text())["groups"] == 4

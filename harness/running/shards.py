@@ -7,6 +7,7 @@ equals the unsharded run, answer for answer.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from omegaconf import OmegaConf
 
 from harness.errors import ConfigError
 from harness.plugins.contracts import build, metrics_table
-from harness.results.folder import ResultFolder, devices_of, finished, read_config, read_run_info
+from harness.results.folder import ResultFolder, devices_of, finished, folder_word, read_config, read_run_info
 from harness.results.summary import run_folders
 
 
@@ -74,12 +75,19 @@ def merge_sweep(folder: str | Path) -> list[Path]:
         if found != list(range(count)) or any(n != count for _, (_, n) in shards):
             raise ConfigError(f"shards of {shards[0][0].name} are incomplete: found "
                               f"{[f'{i}/{n}' for _, (i, n) in shards]}, need 0/{count}..{count - 1}/{count}")
-        target = Path(folder) / "merged" / min(path.name for path, _ in shards)
-        first = configs[min(shards, key=lambda s: s[1])[0]]
+        first_path = min(shards, key=lambda s: s[1])[0]
+        first = configs[first_path]
+        target = Path(folder) / "merged" / unsharded_name(first_path.name, first.shard)
         merged.append(merge([path for path, _ in sorted(shards, key=lambda s: s[1])], target,
                             OmegaConf.merge(OmegaConf.create(unsharded), {key: first.get(key) for key in
                                                                           ResultFolder.FREE if key in first})))
     return merged
+
+
+def unsharded_name(name: str, spec: str) -> str:
+    """A shard's folder name less the word a sweep told it apart by (`x_shard-0-2` -> `x`: jobs.told_apart), as it
+    is where it has none (a folder named otherwise)."""
+    return re.sub(rf"_shard-{re.escape(folder_word(spec))}(?=_|$)", "", name)
 
 
 def merge(shard_dirs: list[Path], target: Path, cfg) -> Path:
