@@ -303,6 +303,10 @@ CASES = [
     (["task=locomo", "task.trace_layers=2"], "task.trace_layers=2: task.trace_layers is a boolean option"),
     (["-m", "task.shuffle=true,0"], "task.shuffle=0: task.shuffle is a boolean option"),
     (["--cfg", "job", "resume=2"], "resume=2: resume is a boolean option"),     # printed, it would read true
+    # flags of Hydra's that run a config other than the one every job is checked against
+    (["-m", "seed=0,1", "-cn", "config"], "-cn: memdefrag runs conf/config.yaml, every job checked before the "
+     "first starts; choose what runs by overrides, or by experiment=<name> (conf/experiment/)"),
+    (["--config-dir=/tmp", "method=none"], "--config-dir=/tmp: memdefrag runs conf/config.yaml"),
     (["-m", "model.device=cpu,meta"], "model.device='meta' is not a device this harness runs on: use auto, cpu, "
      "cuda or cuda:<index> (job model.device=meta"),
     (["-m", "method=vanilla,text", "hydra.sweep.subdir=${method.name}"], "hydra.sweep: Interpolation key "

@@ -141,6 +141,12 @@ def test_a_sweeps_job_folder_is_named_as_hydra_will_or_left_to_the_job(subdir, n
       for shard in ("1-2", "0-2") for model in ("gemma3_270m", "smollm2")]),
     (["method=memdefrag", "method.query_mode=last,mean", "model.query_mode=last"],
      ["memdefrag_top2_unbounded_synthetic_query_mode-last", "memdefrag_top2_unbounded_synthetic_query_mode-mean"]),
+    (["method=none", "decode=null,eager", "resume=true,false"],
+     [f"none_unbounded_synthetic_decode-{decode}_resume-{resume}"
+      for decode in ("null", "eager") for resume in ("true", "false")]),
+    (["method=none", "task.updates=60", f"task.eval_steps=[{','.join(map(str, range(1, 61)))}],[60]"],
+     ["none_unbounded_synthetic_eval_steps-1-2-3-4-5-6-7-8-9-10-11-12-13-1-8be302c8",
+      "none_unbounded_synthetic_eval_steps-60"]),
     (["method=memdefrag", "method.query_mode=last,mean", "model.query_mode=last,mean"],
      [f"memdefrag_top2_unbounded_synthetic_method.query_mode-{a}_model.query_mode-{b}"
       for a in ("last", "mean") for b in ("last", "mean")]),

@@ -129,10 +129,18 @@ def folder_name(label: str) -> str:
     return ("+".join(plain) or "run") + "-" + hashlib.sha256("+".join(words).encode()).hexdigest()[:8]
 
 
+WORD_CHARACTERS = 40     # past this, a value's word is cut and ends in a digest of the whole (a list of 150 steps)
+
+
 def folder_word(value) -> str:
-    """A setting's value as one plain word of a folder name (`0/2` -> `0-2`, `[10, 20]` -> `10-20`): each run of
-    other characters than PLAIN_WORD's made one '-'."""
-    return re.sub(r"[^A-Za-z0-9_.@-]+", "-", str(value)).strip("-") or "-"
+    """A setting's value as one plain word of a folder name, written as on the command line (`true`, `null`):
+    each run of other characters than PLAIN_WORD's made one '-' (`0/2` -> `0-2`, `[10, 20]` -> `10-20`), and a
+    word longer than WORD_CHARACTERS cut, with 8 hex digits of its sha256."""
+    text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    word = re.sub(r"[^A-Za-z0-9_.@-]+", "-", text).strip("-") or "-"
+    if len(word) <= WORD_CHARACTERS:
+        return word
+    return word[:WORD_CHARACTERS - 9] + "-" + hashlib.sha256(word.encode()).hexdigest()[:8]
 
 
 def digest(lines: list[str]) -> str:

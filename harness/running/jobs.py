@@ -30,7 +30,9 @@ from harness.results.paths import job_folder, writable_folder
 from harness.running.runner import check_given, preflight
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-RUN_FLAGS = ("-m", "--multirun")          # any other Hydra flag (--help, --cfg, ...) asks for no run
+RUN_FLAGS = ("-m", "--multirun")          # any other Hydra flag (--help, --cfg, ...) asks for no run, except:
+# Hydra's flags that run another config, or one from elsewhere, than the one every job is checked against
+CONFIG_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "--experimental-rerun")
 
 
 # Hydra's words for a key of a config file that its schema (the plugin's constructor) lacks
@@ -161,6 +163,10 @@ def check_jobs(config_name: str, args: list[str]) -> list[str]:
     """Compose and preflight every job of the command line, a run's one composed once; for an informational flag
     (--cfg, ...), which runs nothing, only its boolean values, and Hydra reports any other error itself. Returns
     what Hydra's run takes beside the command line: a sweep's folder names told apart (`told_apart`)."""
+    other = next((a for a in args if a.split("=", 1)[0] in CONFIG_FLAGS), None)
+    if other is not None:
+        raise ConfigError(f"{other}: memdefrag runs conf/{config_name}.yaml, every job checked before the first "
+                          f"starts; choose what runs by overrides, or by experiment=<name> (conf/experiment/)")
     with initialize_config_module("conf", version_base="1.3"):
         if any(a.startswith("-") and a not in RUN_FLAGS for a in args):
             check_informational(config_name, [a for a in args if not a.startswith("-")])
