@@ -166,6 +166,30 @@ def test_a_sweeps_folders_are_named_by_what_tells_its_jobs_apart(swept, folders,
                 for num, job in enumerate(jobs)] == folders
 
 
+def test_an_earlier_run_of_a_job_is_taken_over_only_when_no_other_run_writes_it(tmp_path, capsys):
+    """A run the sweep's folder holds under another name (`seed` swept since) is renamed for the job that resumes
+    it, under its lock: while another process writes it, the command is refused in one line and nothing moves."""
+    from omegaconf import OmegaConf
+
+    from harness.results.folder import RunLock
+    from harness.running.jobs import check_jobs
+
+    earlier = tmp_path / "vanilla_unbounded_synthetic"
+    earlier.mkdir()
+    (earlier / "config.yaml").write_text(OmegaConf.to_yaml(composed("method=vanilla", "task.groups=3"), resolve=True))
+    (earlier / "groups.jsonl").write_text('{"group": 0, "seconds": 1.0}\n')
+    args = ["-m", "method=vanilla", "task.groups=3", "seed=1,0", f"hydra.sweep.dir={tmp_path}"]
+    held = RunLock(earlier)
+    with pytest.raises(ConfigError, match=f"{earlier} is being written by another run"):
+        check_jobs("config", args)
+    held.release()
+    assert [p.name for p in tmp_path.iterdir()] == [earlier.name]
+    assert check_jobs("config", args) == ["hydra.sweep.subdir='${folder:${method.label}}_${forgetting.label}_"
+                                          "${task.dataset}_seed-${folder_word:${seed}}'"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vanilla_unbounded_synthetic_seed-0"]
+    assert "renamed so, to resume it there" in capsys.readouterr().out
+
+
 def composed_with_hydra(overrides: list[str]):
     from hydra import compose
 

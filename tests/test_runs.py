@@ -151,7 +151,8 @@ def test_a_sweep_reordered_and_extended_resumes_into_the_folders_it_wrote(tmp_pa
                                                                           capsys):
     """A sweep's folders are named by what tells its jobs apart (`_backend-fast`), not by their place in it: the
     same sweep with its values reordered and a method added finds its finished runs where it left them, and runs
-    only the new jobs."""
+    only the new jobs; with a setting swept for the first time (`seed=0,1`), each earlier run is renamed for the
+    job that resumes it."""
     sweep = [*tiny_overrides(tiny_checkpoint), "task.groups=1", "task.updates=2", f"hydra.sweep.dir={tmp_path}"]
     code, _, err = command(["memdefrag", "-m", "method=none", "backend=fast,hidden_prefix", *sweep], monkeypatch,
                            capsys)
@@ -165,6 +166,14 @@ def test_a_sweep_reordered_and_extended_resumes_into_the_folders_it_wrote(tmp_pa
     added = {"vanilla_unbounded_synthetic_backend-fast", "vanilla_unbounded_synthetic_backend-hidden_prefix"}
     assert {p.parent.name for p in tmp_path.glob("*/run.json")} == first | added
     assert {name: (tmp_path / name / "predictions.jsonl").read_bytes() for name in first} == written
+    code, out, err = command(["memdefrag", "-m", "method=vanilla,none", "backend=hidden_prefix,fast", "seed=1,0",
+                              *sweep], monkeypatch, capsys)
+    assert code == 0, err
+    assert f"memdefrag: {tmp_path / 'none_unbounded_synthetic_backend-fast'} holds the run of " \
+           f"none_unbounded_synthetic_backend-fast_seed-0: renamed so, to resume it there" in out
+    assert {p.parent.name for p in tmp_path.glob("*/run.json")} == {
+        f"{name}_seed-{seed}" for name in first | added for seed in (0, 1)}
+    assert {name: (tmp_path / f"{name}_seed-0" / "predictions.jsonl").read_bytes() for name in first} == written
 
 
 def test_a_finished_run_run_again_loads_no_weights_and_leaves_its_files_as_they_are(tmp_path, tiny_checkpoint,

@@ -25,7 +25,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from harness.errors import ConfigError
 from harness.plugins.contracts import LABELLED
-from harness.results.folder import holds_results, same_run
+from harness.results.folder import RunLock, holds_results, same_run
 from harness.results.paths import job_folder, writable_folder
 from harness.running.runner import check_given, preflight
 
@@ -175,15 +175,19 @@ def check_jobs(config_name: str, args: list[str]) -> list[str]:
         jobs = line.jobs
         configs = [line.composed if jobs == [line.lines] else composed(config_name, job, hydra=True) for job in jobs]
         subdir = told_apart(jobs, configs, args) if line.multirun else None
+        folders = [job_folder(cfg, num, line.multirun) for num, cfg in enumerate(configs)]
+        earlier = EarlierRuns(folders) if line.multirun else None
         named: dict[tuple[str, str], set[str]] = {}      # (kind, label) -> the classes the sweep gives it to
         writes: dict[Path, str] = {}                     # folder -> the job that writes it
-        for num, (job, cfg) in enumerate(zip(jobs, configs)):
-            choices, folder = dict(cfg.hydra.runtime.choices), job_folder(cfg, num, line.multirun)
+        for job, cfg, folder in zip(jobs, configs, folders):
+            choices = dict(cfg.hydra.runtime.choices)
             with open_dict(cfg):
                 del cfg["hydra"]
             try:
                 preflight(cfg, choices)
                 check_folder(folder, cfg, " ".join(job), writes)
+                if earlier and cfg.resume and folder is not None and not folder.exists():
+                    earlier.claim(folder, cfg)
             except ConfigError as err:
                 raise ConfigError(f"{err} (job {' '.join(job)})" if len(jobs) > 1 else str(err)) from None
             for kind in LABELLED:
@@ -193,7 +197,44 @@ def check_jobs(config_name: str, args: list[str]) -> list[str]:
                 raise ConfigError(f"{kind}.label={label!r} names {len(targets)} {kind} classes in this sweep "
                                   f"({', '.join(sorted(targets))}), whose runs the tables would pool: give each its "
                                   f"own label")
+        if earlier:
+            earlier.take_over()
     return [] if subdir is None else [f"hydra.sweep.subdir='{subdir}'"]
+
+
+class EarlierRuns:
+    """The runs a sweep's folder holds under names no job of the command writes (numbered, before 2026-11-29; or
+    named before a setting was swept): a job that would start a run one of them holds takes it over, renamed to the
+    job's folder once every job has passed its checks, so that it resumes there rather than runs again beside it."""
+
+    def __init__(self, folders: list[Path | None]):
+        named = set(folders)
+        self.left = [earlier for sweep in sorted({f.parent for f in named if f is not None}) if sweep.is_dir()
+                     for earlier in sorted(sweep.iterdir())
+                     if earlier.is_dir() and earlier not in named and holds_results(earlier)]
+        self.renames: list[tuple[Path, Path]] = []
+
+    def claim(self, folder: Path, cfg: DictConfig) -> None:
+        """The first earlier run of `cfg`'s settings (those a resume may change aside), to be renamed `folder`."""
+        for earlier in self.left:
+            try:
+                same_run(earlier, cfg)
+            except ConfigError:
+                continue
+            self.left.remove(earlier)
+            self.renames.append((earlier, folder))
+            return
+
+    def take_over(self) -> None:
+        """Each claimed run renamed, under its lock (refused in one line while another run writes it)."""
+        for earlier, folder in self.renames:
+            lock = RunLock(earlier)
+            try:
+                folder.parent.mkdir(parents=True, exist_ok=True)
+                earlier.rename(folder)
+            finally:
+                lock.release()
+            print(f"memdefrag: {earlier} holds the run of {folder.name}: renamed so, to resume it there")
 
 
 def told_apart(jobs: list[list[str]], configs: list[DictConfig], args: list[str]) -> str | None:
