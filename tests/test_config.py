@@ -166,28 +166,53 @@ def test_a_sweeps_folders_are_named_by_what_tells_its_jobs_apart(swept, folders,
                 for num, job in enumerate(jobs)] == folders
 
 
-def test_an_earlier_run_of_a_job_is_taken_over_only_when_no_other_run_writes_it(tmp_path, capsys):
-    """A run the sweep's folder holds under another name (`seed` swept since) is renamed for the job that resumes
-    it, under its lock: while another process writes it, the command is refused in one line and nothing moves."""
+def earlier_run(folder, *overrides):
+    """A folder holding a run of `overrides` (its config and one finished group, as far as a check reads them)."""
     from omegaconf import OmegaConf
 
+    folder.mkdir()
+    (folder / "config.yaml").write_text(OmegaConf.to_yaml(composed(*overrides), resolve=True))
+    (folder / "groups.jsonl").write_text('{"group": 0, "seconds": 1.0}\n')
+    return folder
+
+
+def test_an_earlier_run_of_a_job_is_taken_over_only_when_no_other_run_writes_it(tmp_path, capsys):
+    """A run the sweep's folder holds under the name it had before (`seed` swept since, or numbered) is renamed for
+    the job of exactly its settings, under its lock: while another process writes any of them, the command is
+    refused in one line and nothing moves; a folder whose config cannot be read is left alone."""
     from harness.results.folder import RunLock
     from harness.running.jobs import check_jobs
 
-    earlier = tmp_path / "vanilla_unbounded_synthetic"
-    earlier.mkdir()
-    (earlier / "config.yaml").write_text(OmegaConf.to_yaml(composed("method=vanilla", "task.groups=3"), resolve=True))
-    (earlier / "groups.jsonl").write_text('{"group": 0, "seconds": 1.0}\n')
-    args = ["-m", "method=vanilla", "task.groups=3", "seed=1,0", f"hydra.sweep.dir={tmp_path}"]
-    held = RunLock(earlier)
-    with pytest.raises(ConfigError, match=f"{earlier} is being written by another run"):
+    unnamed = earlier_run(tmp_path / "vanilla_unbounded_synthetic", "method=vanilla", "task.groups=3")
+    numbered = earlier_run(tmp_path / "1_vanilla_unbounded_synthetic", "method=vanilla", "task.groups=3", "seed=1")
+    (tmp_path / "stray").mkdir()
+    (tmp_path / "stray" / "config.yaml").write_text("note: ${oops}\n")
+    (tmp_path / "stray" / "groups.jsonl").write_text("")
+    args = ["-m", "method=vanilla", "task.groups=3", "seed=1,0,2", f"hydra.sweep.dir={tmp_path}"]
+    held = RunLock(numbered)
+    with pytest.raises(ConfigError, match=f"{numbered} is being written by another run .*; its job "
+                                          f"\\(vanilla_unbounded_synthetic_seed-1\\) would resume it"):
         check_jobs("config", args)
     held.release()
-    assert [p.name for p in tmp_path.iterdir()] == [earlier.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [numbered.name, "stray", unnamed.name]
     assert check_jobs("config", args) == ["hydra.sweep.subdir='${folder:${method.label}}_${forgetting.label}_"
                                           "${task.dataset}_seed-${folder_word:${seed}}'"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["vanilla_unbounded_synthetic_seed-0"]
-    assert "renamed so, to resume it there" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stray", "vanilla_unbounded_synthetic_seed-0",
+                                                          "vanilla_unbounded_synthetic_seed-1"]
+    assert capsys.readouterr().out.count("renamed so, to resume it there") == 2
+
+
+def test_an_earlier_run_goes_to_the_job_of_all_its_settings_and_never_to_a_name_of_fewer(tmp_path):
+    """threads changes no answer, yet a sweep over it names a run by it: the earlier run of threads=2 goes to the
+    job of threads=2, none to threads=1. A run named after more settings than a job (`_seed-0`, a command sweeping
+    seed beside) stays where it is: two commands sharing a folder do not rename each other's runs."""
+    from harness.running.jobs import check_jobs
+
+    earlier_run(tmp_path / "vanilla_unbounded_synthetic", "method=vanilla", "threads=2")
+    check_jobs("config", ["-m", "method=vanilla", "threads=1,2", f"hydra.sweep.dir={tmp_path}"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vanilla_unbounded_synthetic_threads-2"]
+    check_jobs("config", ["-m", "method=vanilla", "threads=2", f"hydra.sweep.dir={tmp_path}"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vanilla_unbounded_synthetic_threads-2"]
 
 
 def composed_with_hydra(overrides: list[str]):

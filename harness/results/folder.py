@@ -81,9 +81,9 @@ def versions() -> dict[str, str | None]:
 
 class RunLock:
     """An exclusive lock on <folder>/.lock, held until `release` or the process's end; the file names the
-    holder (pid, host, start time) for the one-line refusal of a second writer."""
+    holder (pid, host, start time) for the one-line refusal of a second writer, which ends with `then`."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, then: str = "wait for it to end or choose another output folder"):
         try:
             self.handle = open(folder / ".lock", "a+", encoding="utf-8")
         except OSError as err:
@@ -95,8 +95,7 @@ class RunLock:
             self.handle.seek(0)
             holder = self.handle.read().strip() or "a process that has not named itself yet"
             self.handle.close()
-            raise ConfigError(f"{folder} is being written by another run ({holder}); wait for it to end or "
-                              f"choose another output folder") from None
+            raise ConfigError(f"{folder} is being written by another run ({holder}); {then}") from None
         except OSError as err:          # a filesystem that refuses locks (Lustre mounted without flock)
             self.handle.close()
             raise ConfigError(f"{folder} cannot be locked for its one writer ({err.strerror or err}): its filesystem "
@@ -331,20 +330,23 @@ def same_run(folder: Path, cfg):
     """Refuse a run with other settings than the folder's (those of ResultFolder.FREE aside); returns the folder's
     config.yaml. The command checks each job's folder so before Hydra writes into it (harness/running/jobs.py), the
     run again as it opens the folder."""
-    def comparable(conf):
-        return {k: v for k, v in as_of_now(OmegaConf.to_container(conf, resolve=True)).items()
-                if k not in ResultFolder.FREE}
     try:
         earlier = read_config(folder)
     except ConfigError as err:
         raise ConfigError(f"{folder} holds results but {err}; choose another output folder, or pass "
                           f"resume=false to start it over") from None
-    before, now = flattened(comparable(earlier)), flattened(comparable(cfg))
+    before, now = settings_of(earlier), settings_of(cfg)
     changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
     if changed:
         raise ConfigError(f"{folder} holds a run with other settings ({', '.join(changed)}); "
                           "choose another output folder, or pass resume=false to start it over")
     return earlier
+
+
+def settings_of(cfg, aside: tuple[str, ...] = ResultFolder.FREE) -> dict:
+    """A run's settings by dotted key, as of now (`as_of_now`), those named in `aside` left out."""
+    return flattened({k: v for k, v in as_of_now(OmegaConf.to_container(cfg, resolve=True)).items()
+                      if k not in aside})
 
 
 def as_of_now(config: dict) -> dict:

@@ -25,7 +25,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from harness.errors import ConfigError
 from harness.plugins.contracts import LABELLED
-from harness.results.folder import RunLock, holds_results, same_run
+from harness.results.folder import RunLock, holds_results, read_config, same_run, settings_of
 from harness.results.paths import job_folder, writable_folder
 from harness.running.runner import check_given, preflight
 
@@ -203,38 +203,56 @@ def check_jobs(config_name: str, args: list[str]) -> list[str]:
 
 
 class EarlierRuns:
-    """The runs a sweep's folder holds under names no job of the command writes (numbered, before 2026-11-29; or
-    named before a setting was swept): a job that would start a run one of them holds takes it over, renamed to the
-    job's folder once every job has passed its checks, so that it resumes there rather than runs again beside it."""
+    """The runs a sweep's folder holds under a name the sweep named them by before, which no job of the command
+    writes: numbered (`0_<name>`, before 2026-11-29) or without the words of a setting swept since (`<name>` for
+    `<name>_seed-0`). A job whose folder is not there yet takes over a run of exactly its settings (`resume` aside)
+    so named, renamed to the job's folder once every job has passed its checks, so that it resumes there rather
+    than runs again beside it. Never a run named after more settings than the job: two commands sharing a folder
+    do not rename each other's runs back and forth."""
 
     def __init__(self, folders: list[Path | None]):
         named = set(folders)
-        self.left = [earlier for sweep in sorted({f.parent for f in named if f is not None}) if sweep.is_dir()
-                     for earlier in sorted(sweep.iterdir())
-                     if earlier.is_dir() and earlier not in named and holds_results(earlier)]
+        self.left = {earlier: settings for sweep in sorted({f.parent for f in named if f is not None})
+                     if sweep.is_dir() for earlier in sorted(sweep.iterdir())
+                     if earlier.is_dir() and earlier not in named and holds_results(earlier)
+                     for settings in [run_settings(earlier)] if settings is not None}
         self.renames: list[tuple[Path, Path]] = []
 
     def claim(self, folder: Path, cfg: DictConfig) -> None:
-        """The first earlier run of `cfg`'s settings (those a resume may change aside), to be renamed `folder`."""
-        for earlier in self.left:
-            try:
-                same_run(earlier, cfg)
-            except ConfigError:
-                continue
-            self.left.remove(earlier)
-            self.renames.append((earlier, folder))
-            return
+        """The first earlier run of `cfg`'s settings named before `folder`, to be renamed `folder`."""
+        wanted = settings_of(cfg, aside=RESUME)
+        for earlier, settings in self.left.items():
+            base = re.sub(r"^\d+_", "", earlier.name)
+            if settings == wanted and re.fullmatch(re.escape(base) + r"(_.+)?", folder.name):
+                del self.left[earlier]
+                self.renames.append((earlier, folder))
+                return
 
     def take_over(self) -> None:
-        """Each claimed run renamed, under its lock (refused in one line while another run writes it)."""
-        for earlier, folder in self.renames:
-            lock = RunLock(earlier)
-            try:
-                folder.parent.mkdir(parents=True, exist_ok=True)
+        """Every claimed run locked first (refused in one line, nothing renamed, while another run writes one),
+        then renamed."""
+        locks = []
+        try:
+            for earlier, folder in self.renames:
+                locks.append(RunLock(earlier, then=f"its job ({folder.name}) would resume it: run the command again "
+                                                   f"once it has ended"))
+            for earlier, folder in self.renames:
                 earlier.rename(folder)
-            finally:
+                print(f"memdefrag: {earlier} holds the run of {folder.name}: renamed so, to resume it there")
+        finally:
+            for lock in locks:
                 lock.release()
-            print(f"memdefrag: {earlier} holds the run of {folder.name}: renamed so, to resume it there")
+
+
+RESUME = ("resume",)        # whether a command resumes is no setting of its run
+
+
+def run_settings(folder: Path) -> dict | None:
+    """The settings of the run a folder holds; None where its config cannot be read (no run a job takes over)."""
+    try:
+        return settings_of(read_config(folder), aside=RESUME)
+    except (ConfigError, OmegaConfBaseException):
+        return None
 
 
 def told_apart(jobs: list[list[str]], configs: list[DictConfig], args: list[str]) -> str | None:
