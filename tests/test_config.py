@@ -202,13 +202,17 @@ def test_an_earlier_run_of_a_job_is_taken_over_only_when_no_other_run_writes_it(
     assert capsys.readouterr().out.count("renamed so, to resume it there") == 2
 
 
-def test_an_earlier_run_goes_to_the_job_of_all_its_settings_and_never_to_a_name_of_fewer(tmp_path):
-    """threads changes no answer, yet a sweep over it names a run by it: the earlier run of threads=2 goes to the
-    job of threads=2, none to threads=1. A run named after more settings than a job (`_seed-0`, a command sweeping
-    seed beside) stays where it is: two commands sharing a folder do not rename each other's runs."""
+def test_an_earlier_run_goes_to_the_job_of_its_settings_and_never_to_a_name_of_fewer(tmp_path):
+    """threads changes no answer, and a resume may change it: a sweep over seed takes over the run of threads=2
+    for its job of threads=1. A sweep over threads names a run by it: the run of threads=2 goes to the job of
+    threads=2, none to threads=1. A run named after more settings than a job (`_seed-0`, a command sweeping seed
+    beside) stays where it is: two commands sharing a folder do not rename each other's runs."""
     from harness.running.jobs import check_jobs
 
     earlier_run(tmp_path / "vanilla_unbounded_synthetic", "method=vanilla", "threads=2")
+    check_jobs("config", ["-m", "method=vanilla", "threads=1", "seed=0,1", f"hydra.sweep.dir={tmp_path}"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vanilla_unbounded_synthetic_seed-0"]
+    (tmp_path / "vanilla_unbounded_synthetic_seed-0").rename(tmp_path / "vanilla_unbounded_synthetic")
     check_jobs("config", ["-m", "method=vanilla", "threads=1,2", f"hydra.sweep.dir={tmp_path}"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["vanilla_unbounded_synthetic_threads-2"]
     check_jobs("config", ["-m", "method=vanilla", "threads=2", f"hydra.sweep.dir={tmp_path}"])

@@ -25,7 +25,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from harness.errors import ConfigError
 from harness.plugins.contracts import LABELLED
-from harness.results.folder import RunLock, holds_results, read_config, same_run, settings_of
+from harness.results.folder import ResultFolder, RunLock, holds_results, read_config, same_run, settings_of
 from harness.results.paths import job_folder, writable_folder
 from harness.running.runner import check_given, preflight
 
@@ -176,7 +176,7 @@ def check_jobs(config_name: str, args: list[str]) -> list[str]:
         configs = [line.composed if jobs == [line.lines] else composed(config_name, job, hydra=True) for job in jobs]
         subdir = told_apart(jobs, configs, args) if line.multirun else None
         folders = [job_folder(cfg, num, line.multirun) for num, cfg in enumerate(configs)]
-        earlier = EarlierRuns(folders) if line.multirun else None
+        earlier = EarlierRuns(folders, configs) if line.multirun else None
         named: dict[tuple[str, str], set[str]] = {}      # (kind, label) -> the classes the sweep gives it to
         writes: dict[Path, str] = {}                     # folder -> the job that writes it
         for job, cfg, folder in zip(jobs, configs, folders):
@@ -204,23 +204,33 @@ def check_jobs(config_name: str, args: list[str]) -> list[str]:
 
 class EarlierRuns:
     """The runs a sweep's folder holds under a name the sweep named them by before, which no job of the command
-    writes: numbered (`0_<name>`, before 2026-11-29) or without the words of a setting swept since (`<name>` for
-    `<name>_seed-0`). A job whose folder is not there yet takes over a run of exactly its settings (`resume` aside)
-    so named, renamed to the job's folder once every job has passed its checks, so that it resumes there rather
-    than runs again beside it. Never a run named after more settings than the job: two commands sharing a folder
-    do not rename each other's runs back and forth."""
+    writes: numbered (`<n>_<name>`, before 2026-11-29) or without the words of a setting swept since (`<name>` for
+    `<name>_seed-0`). A job whose folder is not there yet takes over a run of its settings so named, renamed to the
+    job's folder once every job has passed its checks, so that it resumes there rather than runs again beside it.
+    Its settings are those a resume keeps, and those a resume may change (ResultFolder.FREE: threads, logger, ...)
+    where the command's jobs differ in them (a sweep over threads: the run goes to the job of its own threads).
+    Never a run named after more settings than the job: two commands sharing a folder do not rename each other's
+    runs back and forth."""
 
-    def __init__(self, folders: list[Path | None]):
+    def __init__(self, folders: list[Path | None], configs: list[DictConfig]):
         named = set(folders)
+        self.aside = tuple(key for key in ResultFolder.FREE if len({repr(cfg.get(key)) for cfg in configs}) == 1)
         self.left = {earlier: settings for sweep in sorted({f.parent for f in named if f is not None})
                      if sweep.is_dir() for earlier in sorted(sweep.iterdir())
                      if earlier.is_dir() and earlier not in named and holds_results(earlier)
-                     for settings in [run_settings(earlier)] if settings is not None}
+                     for settings in [self.settings(earlier)] if settings is not None}
         self.renames: list[tuple[Path, Path]] = []
+
+    def settings(self, folder: Path) -> dict | None:
+        """The settings of the run a folder holds; None where its config cannot be read (no run to take over)."""
+        try:
+            return settings_of(read_config(folder), aside=self.aside)
+        except (ConfigError, OmegaConfBaseException):
+            return None
 
     def claim(self, folder: Path, cfg: DictConfig) -> None:
         """The first earlier run of `cfg`'s settings named before `folder`, to be renamed `folder`."""
-        wanted = settings_of(cfg, aside=RESUME)
+        wanted = settings_of(cfg, aside=self.aside)
         for earlier, settings in self.left.items():
             base = re.sub(r"^\d+_", "", earlier.name)
             if settings == wanted and re.fullmatch(re.escape(base) + r"(_.+)?", folder.name):
@@ -242,17 +252,6 @@ class EarlierRuns:
         finally:
             for lock in locks:
                 lock.release()
-
-
-RESUME = ("resume",)        # whether a command resumes is no setting of its run
-
-
-def run_settings(folder: Path) -> dict | None:
-    """The settings of the run a folder holds; None where its config cannot be read (no run a job takes over)."""
-    try:
-        return settings_of(read_config(folder), aside=RESUME)
-    except (ConfigError, OmegaConfBaseException):
-        return None
 
 
 def told_apart(jobs: list[list[str]], configs: list[DictConfig], args: list[str]) -> str | None:
