@@ -113,7 +113,8 @@ class RunLock:
             self.handle.close()
 
 
-PLAIN_WORD = re.compile(r"[A-Za-z0-9_.@-]+")      # what a folder name may hold besides '+': nothing to quote
+PLAIN = "A-Za-z0-9_.@-"                     # what a folder name may hold besides '+': nothing to quote
+PLAIN_WORD = re.compile(f"[{PLAIN}]+")
 
 
 def folder_name(label: str) -> str:
@@ -133,10 +134,10 @@ WORD_CHARACTERS = 40     # past this, a value's word is cut and ends in a digest
 
 def folder_word(value) -> str:
     """A setting's value as one plain word of a folder name, written as on the command line (`true`, `null`):
-    each run of other characters than PLAIN_WORD's made one '-' (`0/2` -> `0-2`, `[10, 20]` -> `10-20`), and a
+    each run of other characters than PLAIN's made one '-' (`0/2` -> `0-2`, `[10, 20]` -> `10-20`), and a
     word longer than WORD_CHARACTERS cut, with 8 hex digits of its sha256."""
     text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-    word = re.sub(r"[^A-Za-z0-9_.@-]+", "-", text).strip("-") or "-"
+    word = re.sub(f"[^{PLAIN}]+", "-", text).strip("-") or "-"
     if len(word) <= WORD_CHARACTERS:
         return word
     return word[:WORD_CHARACTERS - 9] + "-" + hashlib.sha256(word.encode()).hexdigest()[:8]

@@ -174,8 +174,10 @@ def check_jobs(config_name: str, args: list[str]) -> list[str]:
         line = job_overrides(config_name, args)
         jobs = line.jobs
         configs = [line.composed if jobs == [line.lines] else composed(config_name, job, hydra=True) for job in jobs]
-        subdir = told_apart(jobs, configs, args) if line.multirun else None
         folders = [job_folder(cfg, num, line.multirun) for num, cfg in enumerate(configs)]
+        subdir = told_apart(jobs, configs, folders, args) if line.multirun else None
+        if subdir is not None:
+            folders = [job_folder(cfg, num, multirun=True) for num, cfg in enumerate(configs)]
         earlier = EarlierRuns(folders, configs) if line.multirun else None
         named: dict[tuple[str, str], set[str]] = {}      # (kind, label) -> the classes the sweep gives it to
         writes: dict[Path, str] = {}                     # folder -> the job that writes it
@@ -186,7 +188,7 @@ def check_jobs(config_name: str, args: list[str]) -> list[str]:
             try:
                 preflight(cfg, choices)
                 check_folder(folder, cfg, " ".join(job), writes)
-                if earlier and cfg.resume and folder is not None and not folder.exists():
+                if earlier is not None and cfg.resume and folder is not None and not folder.exists():
                     earlier.claim(folder, cfg)
             except ConfigError as err:
                 raise ConfigError(f"{err} (job {' '.join(job)})" if len(jobs) > 1 else str(err)) from None
@@ -197,7 +199,7 @@ def check_jobs(config_name: str, args: list[str]) -> list[str]:
                 raise ConfigError(f"{kind}.label={label!r} names {len(targets)} {kind} classes in this sweep "
                                   f"({', '.join(sorted(targets))}), whose runs the tables would pool: give each its "
                                   f"own label")
-        if earlier:
+        if earlier is not None:
             earlier.take_over()
     return [] if subdir is None else [f"hydra.sweep.subdir='{subdir}'"]
 
@@ -254,12 +256,13 @@ class EarlierRuns:
                 lock.release()
 
 
-def told_apart(jobs: list[list[str]], configs: list[DictConfig], args: list[str]) -> str | None:
+def told_apart(jobs: list[list[str]], configs: list[DictConfig], folders: list[Path | None],
+               args: list[str]) -> str | None:
     """A sweep's folder name (hydra.sweep.subdir) followed by `_<key>-<value>` for each setting that differs
-    between jobs the name alone would put in one folder (sorted by key: the names do not depend on the order of
-    the sweep's values, so a sweep reordered or extended resumes into the same folders); set on `configs`. None
-    where every job has a folder of its own, or the command line names the folders itself."""
-    folders = [job_folder(cfg, num, multirun=True) for num, cfg in enumerate(configs)]
+    between jobs the name alone would put in one folder (`folders`: each job's by that name; sorted by key: the
+    names do not depend on the order of the sweep's values, so a sweep reordered or extended resumes into the same
+    folders); set on `configs`. None where every job has a folder of its own, or the command line names the
+    folders itself."""
     if None in folders or len(set(folders)) == len(folders) or any(a.startswith("hydra.sweep.subdir=") for a in args):
         return None
     settings = [dict(override.split("=", 1) for override in job) for job in jobs]
