@@ -94,10 +94,12 @@ def test_a_migration_leaves_a_group_cut_by_a_kill_to_run_again(tmp_path):
 
 
 def test_record_files_that_are_not_files_are_left_out_in_one_line_and_the_rest_reported(tmp_path, capsys):
-    """predictions.jsonl (or groups.jsonl) as a folder or a pipe (which a read would wait on for ever): that run is
-    named on stderr and left out; the others make the report."""
+    """predictions.jsonl (or groups.jsonl) as a folder, a pipe (which a read would wait on for ever) or a link to
+    nothing (a copy that left its target behind): that run is named on stderr and left out, not passed over in
+    silence; the others make the report."""
     fake_run(tmp_path / "ok" / "vanilla", "Retention", "vanilla", answers(0))
-    for name, make in (("folder", os.mkdir), ("pipe", os.mkfifo)):
+    dangling = lambda path: path.symlink_to(path.with_name("gone.jsonl"))  # noqa: E731
+    for name, make in (("folder", os.mkdir), ("pipe", os.mkfifo), ("dangling", dangling)):
         fake_run(tmp_path / name / "vanilla", "Retention", "vanilla", answers(0))
         (tmp_path / name / "vanilla" / "predictions.jsonl").unlink()
         make(tmp_path / name / "vanilla" / "predictions.jsonl")
@@ -106,7 +108,7 @@ def test_record_files_that_are_not_files_are_left_out_in_one_line_and_the_rest_r
     capsys.readouterr()
     assert column(write(tmp_path).read_text(), "vanilla")[-1] == "1"
     err = capsys.readouterr().err
-    for name in ("folder", "pipe", "groups"):
+    for name in ("folder", "pipe", "dangling", "groups"):
         assert f"{tmp_path / name / 'vanilla'}" in err, err
     assert f"{tmp_path / 'ok'}" not in err
 

@@ -6,6 +6,7 @@ final metrics lets an interrupted run count for the groups it finished.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -33,9 +34,11 @@ def phase_totals(records) -> dict[str, float]:
 
 
 def run_folders(*roots: str | Path) -> list[Path]:
-    """Run folders below `roots` (shards count as runs; copies under merged/ are skipped)."""
-    return [path.parent for root in roots for path in sorted(Path(root).glob("**/predictions.jsonl"))
-            if "merged" not in path.relative_to(root).parts]
+    """Run folders below `roots`: those holding a predictions.jsonl, even one that cannot be read (a link to nothing,
+    which a glob passes over: the readers name it); shards count as runs, copies under merged/ are skipped."""
+    return [path.parent for root in roots
+            for path in sorted(folder / "predictions.jsonl" for folder in Path(root).glob("**/"))
+            if os.path.lexists(path) and "merged" not in path.relative_to(root).parts]
 
 
 def records_of(folders: list[Path]) -> pd.DataFrame:
