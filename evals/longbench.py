@@ -405,20 +405,24 @@ PAIRED_METRIC, PAIRED_WITH = "f1", "vanilla"      # each run's F1 against vanill
 
 
 def versus_reference(records: pd.DataFrame, subset: str, run: str) -> str:
-    """The run's F1 minus the reference run's on the items of `subset` both answered, with its paired bootstrap
-    interval over the items ('' where there is no reference run)."""
-    mine = records[(records["subset"] == subset) & (records["run"] == run)]
-    theirs = records[(records["subset"] == subset) & (records["run"] == PAIRED_WITH)]
-    if run == PAIRED_WITH or theirs.empty:
-        return "reference" if run == PAIRED_WITH else ""
-    pair = mine.merge(theirs, on="group", suffixes=("", "_ref"))
+    """The run's F1 minus the reference run's (the one run of `subset` whose `method` is PAIRED_WITH, whatever its
+    row says besides) on the items both answered, with its paired bootstrap interval over the items; '' where
+    `subset` has no such run, or several."""
+    here = records[records["subset"] == subset]
+    references = here.loc[here["method"] == PAIRED_WITH, "run"].unique()
+    if len(references) != 1:
+        return ""
+    if run == references[0]:
+        return "reference"
+    pair = here[here["run"] == run].merge(here[here["run"] == references[0]], on="group", suffixes=("", "_ref"))
     difference, low, high = paired_difference(pair[f"{PAIRED_METRIC}_ref"], pair[PAIRED_METRIC], np.arange(len(pair)))
     return f"{difference:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
 def longbench_table(records: list[dict]) -> pd.DataFrame:
-    """`tab:longbench`: one block per set, a row per run (records labelled with `run`), every metric with its
-    interval (`50.0 [31.2, 68.8]`), and F1 against vanilla's on the same items."""
+    """`tab:longbench`: one block per set, a row per run (records labelled with their row, `run`, and their method's
+    label, `method`), every metric with its interval (`50.0 [31.2, 68.8]`), and F1 against vanilla's on the same
+    items."""
     table = scores_by_subset(records, ("subset", "run"))
     frame = pd.DataFrame(records)
     table[f"{PAIRED_METRIC} vs {PAIRED_WITH}"] = [versus_reference(frame, subset, run)

@@ -271,7 +271,9 @@ def test_a_report_written_elsewhere_names_its_own_folder_and_links_no_notes_that
 
 def test_locomo_gets_a_table_per_model_and_protocol_its_rows_named_by_what_differs_and_a_single_hop_one(tmp_path):
     """Rows named by the method and the one setting that tells two apart (trace_layers), what every row shares in
-    the caption; the single-hop F1 a row per method, a column per model; a cell past the window marked."""
+    the caption; the single-hop F1 a row per method, a column per model; a cell past the window marked, and a cell
+    of fewer conversations than the table's most (another model's) marked with how many; the sample asked per
+    model, against LoCoMo's every question, in the caption."""
     from tests.test_claims import locomo_runs
 
     conversations = {f"conv-{c}": [0.5, 0.25] for c in range(2)}
@@ -284,7 +286,7 @@ def test_locomo_gets_a_table_per_model_and_protocol_its_rows_named_by_what_diffe
     locomo_runs(tmp_path / "authors", {"vanilla": {"conv-0": [1.0]}})
     config = tmp_path / "authors" / "vanilla" / "config.yaml"
     config.write_text(config.read_text().replace("protocol: locomo", "protocol: authors\n  trace_layers: false"))
-    locomo_runs(tmp_path / "gemma", {"vanilla": conversations})
+    locomo_runs(tmp_path / "gemma", {"vanilla": {"conv-0": [0.5, 0.25]}})
     config = tmp_path / "gemma" / "vanilla" / "config.yaml"
     config.write_text(config.read_text().replace("name: smollm2", "name: gemma3_270m").replace(
         "protocol: locomo", "protocol: locomo\n  trace_layers: false"))
@@ -294,7 +296,8 @@ def test_locomo_gets_a_table_per_model_and_protocol_its_rows_named_by_what_diffe
     single = readme.split("(`tab:locomo`)")[1].split("\n## ")[0]
     assert re.search(r"\| method +\| gemma3_270m +\| smollm2 +\|", single)
     assert re.search(r"\| none +\| +\| 37.5 \[37.5, 37.5\] +\|", single)
-    assert re.search(r"\| vanilla +\| 37.5 \[37.5, 37.5\] † +\| 37.5 \[37.5, 37.5\] +\|", single)
+    assert re.search(r"\| vanilla +\| 37.5 \[37.5, 37.5\] † \(1 conversation\) +\| 37.5 \[37.5, 37.5\] +\|", single)
+    assert "gemma3_270m: every question, N_max 12,800; smollm2: every question, N_max 12,800." in single
     smollm2 = readme.split("## LoCoMo on smollm2 under protocol=locomo: ")[1].split("\n## ")[0]
     assert smollm2.splitlines()[0].endswith("per question (`tab:locomo_smollm2_locomo`)")     # nothing shared
     rows = [line.split("|")[2].strip() for line in smollm2.splitlines() if re.match(r"\| +4 \|", line)]

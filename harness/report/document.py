@@ -111,9 +111,10 @@ def compression_section(root, runs, figures) -> tuple[Section, Section]:
     accuracy_curves(accuracy_table(records), figure)
     accuracy.figure = str(figure.relative_to(root))
     rank.table = step_table(records, value="target_rank")
-    accuracy.after = rank.after = f"{INTERVALS} Every run: {shared}. 1 = every token kept (no compression). " \
+    runs_are = f" Every run: {shared}. 1 = every token kept (no compression). " \
         + "; ".join(f"{r.config['task']['dataset']}: N_max {r.config['model'].get('memory_capacity') or 'unbounded'}"
                     for r in {r.config['task']['dataset']: r for r in chosen}.values()) + "."
+    accuracy.after, rank.after = INTERVALS + runs_are, MEANS + runs_are
     return accuracy, rank
 
 
@@ -358,14 +359,14 @@ def longbench_section(root, runs, model: str) -> Section:
     chosen = sorted((r for r in runs if "tab:longbench" in r.tables and r.model == model), key=baselines_first)
     if not chosen:
         return Section(label, title, missing="no runs yet: memdefrag experiment=longbench")
-    records = [{**record, "run": run_label} for run, run_label in zip(chosen, labelled(chosen, label))
-               for record in run.records]
+    records = [{**record, "run": run_label, "method": run.config["method"]["label"]}
+               for run, run_label in zip(chosen, labelled(chosen, label)) for record in run.records]
     scorers = sorted({f"{r['bertscore_model']} (layer {r['bertscore_layers']}, "
                       f"{'rescaled' if r['bertscore_rescaled'] else 'not rescaled'})" for r in records})
     folders = ", ".join(f"`{r.folder.relative_to(root)}`" for r in chosen)
     return Section(label, title, longbench_table(records).round(1),
                    after=f"Each metric with its 95 % bootstrap interval over the items; `f1 vs vanilla`: the F1 "
-                         f"difference against vanilla on the same items and its paired bootstrap interval. "
+                         f"difference against the set's vanilla run on the same items and its paired bootstrap interval. "
                          f"BERTScore: {', '.join(scorers)}. `target_rank`: density rank of the best-ranked chunk "
                          f"holding a gold answer (methods that trace). Runs: {folders}.")
 
@@ -419,7 +420,7 @@ def locomo_sections(root, runs, figures) -> list[Section]:
                    "protocol": protocol} for record in run.records]
                  for run, label in zip(mine, labels)]
         records += [record for answered in found for record in answered]
-        sizes = "; ".join(f"{label} {len(answered)} of {len({r['group'] for r in answered})}"
+        sizes = "; ".join(f"{label} {len(answered)} from {len({r['group'] for r in answered})} conversations"
                           for label, answered in zip(labels, found))
         name = file_part(f"{model}_{protocol.split('=')[-1]}")
         answers = [r | {"run": r["method"]} for answered in found for r in answered]
@@ -427,8 +428,8 @@ def locomo_sections(root, runs, figures) -> list[Section]:
         table["f1"] += pd.DataFrame(answers).groupby(["category", "run"]).apply(past_window).reindex(table.index)
         sections.append(Section(f"tab:locomo_{name}", f"LoCoMo on {model} under {protocol}: {what}"
                                 + (f"; every row: {shared}" if shared else ""),
-                                table.rename_axis(index=["category", "method"]), after=f"Questions of conversations "
-                                f"per row: {sizes}. The measures: as under `tab:locomo`."))
+                                table.rename_axis(index=["category", "method"]), after=f"Questions asked per row: "
+                                f"{sizes}. The measures: as under `tab:locomo`."))
     rows = keyed("locomo", pd.DataFrame(records).groupby(["model", "protocol", "method"]))   # `run` by its parts
     claims = supported(root / "claims.yaml", "locomo", rows) or unclaimed(rows)
     points = scores_by_category(records, ("model", "protocol", "method"))
@@ -447,7 +448,8 @@ def locomo_sections(root, runs, figures) -> list[Section]:
         single.missing = "no runs under LoCoMo's own protocol yet: memdefrag experiment=locomo"
     single.after = (f"F1: LoCoMo's own score (evals/locomo_scoring.py) on its single-hop questions (category "
                     f"{int(Category.single_hop)}) with its 95 % bootstrap interval resampling conversations; a cell "
-                    f"asked on fewer conversations than its model's most says how many. The figure: the same F1 "
+                    f"asked on fewer conversations than the table's most says how many (of two, its interval is only "
+                    f"the range of their two means). {asked(chosen)} The figure: the same F1 "
                     f"against seconds per question. Every category, protocol and measure: the tables below, a table "
                     f"per model and protocol. {LOCOMO_NOTES}{claims}")
     if any("evidence_rank_by_layer" in r for r in records):
@@ -456,6 +458,21 @@ def locomo_sections(root, runs, figures) -> list[Section]:
                         "every layer, in both query modes, with its 95 % Wilson interval over the questions; "
                         "`best layer`: the layer with the most hits.")
     return [single, *sections, layers]
+
+
+def asked(runs: list[Run]) -> str:
+    """What the runs under LoCoMo's own protocol asked per conversation (every question, or a seeded sample), and
+    over what memory, per model: LoCoMo's evaluation asks with the whole conversation in the context."""
+    per_model = {}
+    for run in runs:
+        if protocol_of(run) == "protocol=locomo":
+            questions, capacity = run.config["task"].get("questions"), run.config["model"].get("memory_capacity")
+            sample = "every question" if questions is None else f"a seeded {questions} questions of each category" \
+                if isinstance(questions, int) else f"a seeded {questions} questions of categories 1-5"
+            per_model.setdefault(run.model, set()).add(f"{sample}, N_max {f'{capacity:,}' if capacity else 'unbounded'}")
+    return ("Asked per conversation (LoCoMo's own evaluation asks every question with the whole conversation in "
+            "context; these runs ask over the memory each method forms of it, forgetting past N_max): " + "; ".join(f"{model}: {' or '.join(sorted(what))}"
+                                        for model, what in sorted(per_model.items())) + ".")
 
 
 LOCOMO_NOTES = ("F1: LoCoMo's own score (evals/locomo_scoring.py) with its 95 % bootstrap interval resampling "
@@ -467,11 +484,11 @@ LOCOMO_NOTES = ("F1: LoCoMo's own score (evals/locomo_scoring.py) with its 95 % 
 
 def single_hop_table(points: pd.DataFrame) -> pd.DataFrame:
     """Method x model: single-hop F1 with its interval (`7.0 [4.7, 9.7]`), marked where an answer read past the
-    window, with the conversations asked where fewer than the model's most; baselines first."""
-    most = points.groupby("model")["conversations"].transform("max")
-    cells = [with_interval(f / 100, low / 100, high / 100) + mark + ("" if n == top else f" ({n} conversations)")
-             for f, low, high, mark, n, top in zip(points["f1"], points["f1 low"], points["f1 high"],
-                                                   points["past window"], points["conversations"], most)]
+    window, with the conversations asked where fewer than the table's most; baselines first."""
+    most = points["conversations"].max()
+    cells = [with_interval(f / 100, low / 100, high / 100) + mark + ("" if n == most else f" ({n} conversation{'s' * (n > 1)})")
+             for f, low, high, mark, n in zip(points["f1"], points["f1 low"], points["f1 high"], points["past window"],
+                                              points["conversations"])]
     table = points.assign(cell=cells).pivot(index="method", columns="model", values="cell").fillna("")
     base = {m: m.split("+")[0].split(" ")[0] for m in table.index}         # the method a label begins with
     order = sorted(table.index, key=lambda m: (BASELINES.index(base[m]) if base[m] in BASELINES else len(BASELINES),
