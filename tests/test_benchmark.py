@@ -117,8 +117,8 @@ def test_each_sessions_peak_memory_is_its_own_while_sessions_take_turns(monkeypa
     for question in ["first", "second"]:
         for key, session in [("tracer", tracer), ("plain", plain)]:
             assert meter.ask(key, session, question) == question
-    assert meter.gb("tracer") == 115 and meter.gb("plain") == 120      # not 130: the tracer's 10 are not its own
-    assert PeakMemory(torch.device("cpu")).gb("plain") is None
+    assert meter.gib("tracer") == 115 and meter.gib("plain") == 120      # not 130: the tracer's 10 are not its own
+    assert PeakMemory(torch.device("cpu")).gib("plain") is None
 
 
 def test_the_benchmark_reads_its_data_from_memdefrag_data(tmp_path, monkeypatch, capsys):

@@ -236,6 +236,10 @@ def test_a_bench_table_says_each_timing_is_one_number_without_an_interval(tmp_pa
     assert "`speed_cpu.md`: model=smollm2" in speed
     assert "| method | ttft_s | interval |" in speed
     assert "| none | 0.2 | n = 1, no interval (the fastest of 3) |" in speed
+    assert "Written before the bench checked its reads against the model's trained window" in speed
+    (tmp_path / "speed_cpu.md").write_text("model=smollm2, best of 3 questions (past_window: how far past it)\n\n"
+                                           "| method | past_window |\n|---|---|\n| none | 0 |\n")
+    assert "Written before" not in write(tmp_path).read_text()
 
 
 def test_the_locomo_layer_table_gives_each_hit_rate_its_interval():

@@ -141,7 +141,7 @@ class PeakMemory:
         self.held[key] += torch.cuda.memory_allocated(self.device) - before
         return answer
 
-    def gb(self, key) -> float | None:
+    def gib(self, key) -> float | None:
         return self.peak[key] / 2**30 if self.cuda else None
 
 
@@ -198,7 +198,7 @@ def timed(sessions: dict, memory: LatentMemory, stand_ins: list[Fragment], quest
         if short_budget is not None:
             short.append(ask(question, memory.fragments, short_budget))
     return {key: {**timings([answers[key] for answers in rounds], len(updates), [answers[key] for answers in short]),
-                  "peak_gb": meter.gb(key), "past_window": past[key]} for key in sessions}
+                  "peak_gib": meter.gib(key), "past_window": past[key]} for key in sessions}
 
 
 @dataclass(frozen=True)
