@@ -17,14 +17,14 @@ from omegaconf import OmegaConf
 from evals.stats import wilson, with_interval
 from harness.report.claims import STEPS, keyed, supported
 from harness.results.figures import accuracy_against_time
-from harness.report.sections import Run, Section, bench_table, labelled, named
+from harness.report.sections import SHARED_DISTRACTORS, Run, Section, bench_table, labelled, named
 from methods.session import UPDATE_PHASES
 from methods.window import BEYOND_MARK
 
 ANSWER_PHASES = ("trace", "rank", "select", "prefill", "decode")     # a question's seconds, in the order spent
 RANKER_REFERENCE, PEER_REFERENCE = "density top1 latent", "memdefrag_top1"    # what the others are paired with
 INTERVALS = ("Accuracy: % of the questions at that step, with its 95 % Wilson interval in brackets (n = groups x "
-             "seeds: one question per group and step).")
+             "seeds: one question per group and step). " + SHARED_DISTRACTORS + " Each seed draws its own set.")
 PAIRED = ("at the last step, the difference in accuracy points against it on the same questions, McNemar's exact "
           "p on the questions only one of the two answered right, and n; p above 0.05 is no measurable difference.")
 

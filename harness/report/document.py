@@ -28,9 +28,10 @@ from harness.plugins.contracts import config_name, table_titles
 from harness.results.figures import accuracy_against_time, accuracy_curves
 from conf.schema import CONF
 from harness.report.migrate import migrate_all, print_migrations
-from harness.report.sections import (BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, Run, Section, bench_table, file_part,
-                                     in_percent, labelled, named, past_window, refuse_repeated_groups, rows_and_caption,
-                                     run_columns, runs_under, step_records, step_table, with_bounds)
+from harness.report.sections import (BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, SHARED_DISTRACTORS, Run, Section,
+                                     bench_table, file_part, in_percent, labelled, named, past_window,
+                                     refuse_repeated_groups, rows_and_caption, run_columns, runs_under, step_records,
+                                     step_table, with_bounds)
 from harness.models.tracer_layers import recorded, swept, tracers_file
 from harness.results.summary import accuracy_table, complete_groups
 from methods.window import BEYOND_CELL, BEYOND_MARK
@@ -341,8 +342,9 @@ def in_gb(mib: float) -> float:
     return mib * 2**20 / 1e9
 
 
-INTERVALS = "Each accuracy with its 95 % Wilson interval over the questions at that step, in brackets."
-MEANS = "Each mean with its 95 % bootstrap interval over the groups, in brackets."
+INTERVALS = ("Each accuracy with its 95 % Wilson interval over the questions at that step, in brackets. "
+             + SHARED_DISTRACTORS)
+MEANS = "Each mean with its 95 % bootstrap interval over the groups, in brackets. " + SHARED_DISTRACTORS
 BASELINES = ("none", "text", "vanilla")       # the rows a table of methods starts with, in this order
 
 
@@ -366,7 +368,8 @@ def longbench_section(root, runs, model: str) -> Section:
     folders = ", ".join(f"`{r.folder.relative_to(root)}`" for r in chosen)
     return Section(label, title, longbench_table(records).round(1),
                    after=f"Each metric with its 95 % bootstrap interval over the items; `f1 vs vanilla`: the F1 "
-                         f"difference against the set's vanilla run on the same items and its paired bootstrap interval. "
+                         f"difference against the set's vanilla run on the same items and its paired bootstrap "
+                         f"interval. "
                          f"BERTScore: {', '.join(scorers)}. `target_rank`: density rank of the best-ranked chunk "
                          f"holding a gold answer (methods that trace). Runs: {folders}.")
 
@@ -469,10 +472,11 @@ def asked(runs: list[Run]) -> str:
             questions, capacity = run.config["task"].get("questions"), run.config["model"].get("memory_capacity")
             sample = "every question" if questions is None else f"a seeded {questions} questions of each category" \
                 if isinstance(questions, int) else f"a seeded {questions} questions of categories 1-5"
-            per_model.setdefault(run.model, set()).add(f"{sample}, N_max {f'{capacity:,}' if capacity else 'unbounded'}")
+            bound = f"{capacity:,}" if capacity else "unbounded"
+            per_model.setdefault(run.model, set()).add(f"{sample}, N_max {bound}")
     return ("Asked per conversation (LoCoMo's own evaluation asks every question with the whole conversation in "
-            "context; these runs ask over the memory each method forms of it, forgetting past N_max): " + "; ".join(f"{model}: {' or '.join(sorted(what))}"
-                                        for model, what in sorted(per_model.items())) + ".")
+            "context; these runs ask over the memory each method forms of it, forgetting past N_max): "
+            + "; ".join(f"{model}: {' or '.join(sorted(what))}" for model, what in sorted(per_model.items())) + ".")
 
 
 LOCOMO_NOTES = ("F1: LoCoMo's own score (evals/locomo_scoring.py) with its 95 % bootstrap interval resampling "
@@ -486,7 +490,8 @@ def single_hop_table(points: pd.DataFrame) -> pd.DataFrame:
     """Method x model: single-hop F1 with its interval (`7.0 [4.7, 9.7]`), marked where an answer read past the
     window, with the conversations asked where fewer than the table's most; baselines first."""
     most = points["conversations"].max()
-    cells = [with_interval(f / 100, low / 100, high / 100) + mark + ("" if n == most else f" ({n} conversation{'s' * (n > 1)})")
+    cells = [with_interval(f / 100, low / 100, high / 100) + mark
+             + ("" if n == most else f" ({n} conversation{'s' * (n > 1)})")
              for f, low, high, mark, n in zip(points["f1"], points["f1 low"], points["f1 high"], points["past window"],
                                               points["conversations"])]
     table = points.assign(cell=cells).pivot(index="method", columns="model", values="cell").fillna("")

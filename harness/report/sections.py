@@ -23,6 +23,9 @@ from methods.window import BEYOND_CELL, marked
 DEFAULT_MODEL = "smollm2"     # the paper tables' backbone here; other models get sections of their own
 RELEASED = {"YuWangX/memoryllm-8b": "MemoryLLM-8B", "YuWangX/mplus-8b": "M+-8B"}   # baselines whose accuracy counts
 BASELINE_STUDIES = ("memoryllm_comparison", "mplus_comparison")
+# Retention's groups differ in their target only (evals.retention, as the authors' evaluation builds them)
+SHARED_DISTRACTORS = ("Every group of a seed stores the same distractors, each group in its own order: an interval "
+                      "covers the targets drawn, for that one set of distractors.")
 
 
 @dataclass
