@@ -16,7 +16,7 @@ import pandas as pd
 
 from evals.datasets import Dataset
 from evals.retention import Group, Retention
-from evals.stats import bootstrap_mean, wilson
+from evals.stats import bootstrap_mean, grouped_wilson
 from methods.errors import ConfigError
 from methods.attention.decoder import num_layers
 from methods.attention.tracing import QueryMode, densities, ranks
@@ -131,7 +131,8 @@ def best_row(table: pd.DataFrame, select_by: str = "mean_rank") -> pd.Series:
 
 def tracing_table(records: list[dict]) -> pd.DataFrame:
     """Per query mode and layer: mean rank of the target with its 95 % bootstrap interval over groups (a group's
-    probes share its fragments), and Top-k tracing accuracy (%) with its Wilson interval, best first."""
+    probes share its fragments), and Top-k tracing accuracy (%) with its Wilson interval over the effective
+    number of probes (stats.grouped_wilson, for the same reason), best first."""
     rows = []
     groups = [r.get("group", i) for i, r in enumerate(records)]
     for mode in QueryMode:
@@ -142,9 +143,9 @@ def tracing_table(records: list[dict]) -> pd.DataFrame:
             mean, low, high = bootstrap_mean(rank.to_numpy(float), groups)
             tops = {}
             for k in TOP:
-                hits = int((rank <= k).sum())
-                bounds = wilson(hits, len(rank))
-                tops |= {f"top{k}": 100 * hits / len(rank), f"top{k} low": 100 * bounds[0],
+                hits = (rank <= k).to_numpy()
+                bounds = grouped_wilson(hits, groups)
+                tops |= {f"top{k}": 100 * hits.mean(), f"top{k} low": 100 * bounds[0],
                          f"top{k} high": 100 * bounds[1]}
             rows.append({"query_mode": mode, "layer": int(layer), "mean_rank": mean, "mean_rank low": low,
                          "mean_rank high": high, **tops, "probes": len(rank)})

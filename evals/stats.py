@@ -5,7 +5,8 @@ keeps its coverage at small n and at rates near 0 or 1, where the normal approxi
 answered on the same questions are compared on the questions where they disagree (b: only the first right, c: only
 the second): McNemar's exact test, the two-sided binomial test of b against b + c at one half, since the questions
 both get right or both get wrong say nothing of which is better. A score that is not a rate (F1, ROUGE, BERTScore)
-gets a bootstrap over groups: a group's questions share its memory, so they are resampled together.
+gets a bootstrap over groups: a group's questions share its memory, so they are resampled together; a rate over
+several questions a group (a probe's targets) gets Wilson's interval over the effective number of questions.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ def two_sided_z(confidence: float) -> float:
     return float(norm.ppf(0.5 + confidence / 2))
 
 
-def wilson(successes: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Wilson's score interval (low, high) of a rate of `successes` in `n`; (nan, nan) for n = 0."""
+def wilson(successes: float, n: float, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Wilson's score interval (low, high) of a rate of `successes` in `n` (an effective n may be fractional);
+    (nan, nan) for n = 0."""
     if n == 0:
         return math.nan, math.nan
     z = two_sided_z(confidence)
@@ -37,6 +39,22 @@ def wilson(successes: int, n: int, confidence: float = CONFIDENCE) -> tuple[floa
     centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n))
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def grouped_wilson(hits: np.ndarray, groups: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Wilson's interval of a rate whose observations come in groups that share what decides them (a probe group's
+    targets share its fragments), over the effective number of observations (Kish): n over the design effect,
+    the rate's variance between groups against a binomial's of n, at least 1. Where every observation agrees
+    there is no variance to measure it by: each group counts as one observation."""
+    hits = np.asarray(hits, dtype=float)
+    labels, index = np.unique(np.asarray(groups), return_inverse=True)
+    n, rate = len(hits), float(hits.mean()) if len(hits) else math.nan
+    effective = float(len(labels))
+    if 0 < rate < 1 and len(labels) > 1:
+        sums, counts = np.bincount(index, hits), np.bincount(index)
+        between = float(np.sum((sums - rate * counts) ** 2)) / n ** 2      # the binomial's where groups hold one
+        effective = n / max(1.0, between / (rate * (1 - rate) / n))
+    return wilson(rate * effective, effective, confidence)
 
 
 def mcnemar(only_first: int, only_second: int) -> float:

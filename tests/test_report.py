@@ -212,8 +212,13 @@ def test_the_recommended_tracer_layer_shows_its_sweeps_intervals(tmp_path, monke
               for g in (0, 1)]
     fake_run(tmp_path / "sweep", "Probe", "vanilla", probes)
     config = OmegaConf.load(tmp_path / "sweep" / "config.yaml")
-    config.task = {"_target_": "evals.probe.Probe", "dataset": "nqa", "groups": 2, "fragments": 2, "layers": "all"}
+    config.task = {"_target_": "evals.probe.Probe", "dataset": "nqa", "groups": 2, "fragments": 2, "layers": "all",
+                   "seed": 42}
     (tmp_path / "sweep" / "config.yaml").write_text(OmegaConf.to_yaml(config))
+    for dataset in ("nqa", "squad"):        # nqa's first two groups hold the sweep's targets; squad's do not
+        fake_run(tmp_path / dataset / "vanilla", "Retention", "vanilla",
+                 [{"group": g, "step": 1, "correct": True} for g in range(3)], dataset=dataset,
+                 task_options={"groups": 3})
     (tmp_path / "sweep" / "metrics.csv").write_text("method\nvanilla\n")       # the task's, once migrated
     swept = "layers all on nqa, 2 groups x 2 fragments, prompt chat, formation shared_sink"
     tracers = tmp_path / "tracers.yaml"
@@ -224,8 +229,11 @@ def test_the_recommended_tracer_layer_shows_its_sweeps_intervals(tmp_path, monke
     table = write(tmp_path).read_text().split("(`tab:top_tracing_layer_summary`)")[1].split("\n## ")[0]
     rows = {cells[0]: cells[1:] for line in table.splitlines() if line.startswith("| ") and "---" not in line
             for cells in [[c.strip() for c in line.strip("|").split("|")]]}
-    assert rows["smollm2"] == ["1", "last", "1.00 [1.00, 1.00]", "100.00 [34.24, 100.00]", swept, "sweep"]
+    # Top-1: both groups' one probe hit, an interval over 2 observations
+    assert rows["smollm2"] == ["1", "last", "1.00 [1.00, 1.00]", "100.00 [34.24, 100.00]", swept, "mean_rank",
+                               "sweep"]
     assert rows["other"][2:4] == ["2.5", "40.0"] and rows["other"][-1] == "not among these results: no interval"
+    assert "\n- smollm2: `nqa` (groups 0-1 of 3)\n" in table and "squad" not in table
 
 
 def test_a_bench_table_says_each_timing_is_one_number_without_an_interval(tmp_path):

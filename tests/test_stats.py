@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from evals.stats import (CONFIDENCE, bootstrap_mean, fewest_groups, mcnemar, paired_difference, resolves, wilson,
+from evals.stats import (CONFIDENCE, bootstrap_mean, fewest_groups, grouped_wilson, mcnemar, paired_difference, resolves, wilson,
                           with_interval)
 
 
@@ -26,6 +26,21 @@ def test_wilson_endpoints_solve_the_score_equation(k, n):
 
 def test_wilson_of_nothing_is_no_interval():
     assert all(math.isnan(v) for v in wilson(0, 0)) and with_interval(math.nan, *wilson(0, 0)) == ""
+
+
+def test_a_grouped_rate_counts_its_groups_as_far_as_they_agree_within():
+    """One observation a group: Wilson's interval itself. Groups that agree within (all hit or all miss): the
+    interval of one observation a group. Every observation alike: one a group too. Groups that differ no more
+    within than between: near Wilson's over every observation."""
+    one_each = np.array([1, 0, 0, 1, 1, 0, 0, 0, 1, 0])
+    assert grouped_wilson(one_each, np.arange(10)) == pytest.approx(wilson(4, 10))
+    agreeing = np.repeat(one_each, 20)
+    assert grouped_wilson(agreeing, np.repeat(np.arange(10), 20)) == pytest.approx(wilson(4, 10))
+    assert grouped_wilson(np.ones(200), np.repeat(np.arange(10), 20)) == pytest.approx(wilson(10, 10))
+    mixed = np.tile([1, 0, 1, 0, 0], 40)                             # every group of 20 holds 8 hits
+    low, high = grouped_wilson(mixed, np.repeat(np.arange(10), 20))
+    assert (low, high) == pytest.approx(wilson(80, 200))             # no variance between groups: design effect 1
+    assert wilson(4, 10)[1] - wilson(4, 10)[0] > high - low
 
 
 @pytest.mark.parametrize("b, c, p", [(0, 6, 2 * 0.5 ** 6), (1, 5, 2 * 7 / 64), (4, 4, 1.0), (0, 0, 1.0),

@@ -503,16 +503,17 @@ def single_hop_table(points: pd.DataFrame) -> pd.DataFrame:
 
 def tracer_summary_section(root: Path, runs: list[Run]) -> Section:
     """The layer and query mode `memdefrag tracer-sweep` recorded per model (conf/tracers.yaml), their mean rank
-    and Top-1 with the intervals of the sweep's own run (its metrics.csv), found by how it swept."""
+    and Top-1 with the intervals of the sweep's own run (from its records), found by how it swept."""
     section = Section("tab:top_tracing_layer_summary", "Recommended tracer layer per model (memdefrag tracer-sweep)")
     chosen = recorded()
     if not chosen:
         section.missing = f"no model swept yet ({tracers_file().name} is empty)"
         return section
-    rows = []
+    rows, overlaps = [], []
     for model, choice in chosen.items():
         row = {"model": model, **{key: choice.get(key) for key in ("tracer_layer", "query_mode", "mean_rank", "top1",
-                                                                   "swept")}}
+                                                                   "swept")},
+               "selected_by": choice.get("selected_by", "mean_rank")}
         found = sweep_of(runs, model, choice)
         if found is None:
             rows.append({**row, "run": "not among these results: no interval"})
@@ -521,10 +522,38 @@ def tracer_summary_section(root: Path, runs: list[Run]) -> Section:
         shown = with_bounds(metrics[["mean_rank", "mean_rank low", "mean_rank high", "top1", "top1 low",
                                      "top1 high"]]).iloc[0]
         rows.append({**row, "model": named(run, model), **shown, "run": str(run.folder.relative_to(root))})
+        if also := also_asked(run, runs, root):
+            overlaps.append(f"- {model}: {also}")
     section.table = pd.DataFrame(rows).set_index("model")
     section.after = ("Mean rank of the target with its 95 % bootstrap interval over groups, Top-1 with its Wilson "
-                     "interval, at the recorded layer and query mode of the sweep's run.")
+                     "interval over the effective number of probes (a group's probes share its fragments), at the "
+                     "recorded layer and query mode of the sweep's run; `selected_by`: what chose that row of the "
+                     "sweep (`memdefrag tracer-sweep task.select_by=...`).")
+    if overlaps:
+        section.after += ("\n\nThe layer was chosen on targets that these runs of the same model ask too: their "
+                          "first groups are drawn as the sweep's were (the same data set, seed and context cut), so "
+                          "in those groups a table's method reads at a layer chosen on its own questions.\n\n"
+                          + "\n".join(overlaps))
     return section
+
+
+def also_asked(sweep: Run, runs: list[Run], root: Path) -> str:
+    """The folders (their parents below `root`, with how many of their groups) of `sweep`'s model's runs, probes
+    aside, that draw their groups as the sweep did (evals.probe draws through evals.retention: data set, seed and context cut),
+    so that their first groups hold the targets the tracer layer was chosen on; '' where none does."""
+    def draw(run: Run) -> tuple:
+        task = run.config["task"]
+        return task.get("dataset"), task.get("seed"), task.get("max_context_tokens")
+
+    overlap: dict[str, int] = {}
+    for run in runs:
+        if run.model == sweep.model and "tab:retrieval_layers" not in run.tables and "groups" in run.config["task"] \
+                and draw(run) == draw(sweep):
+            where = str(run.folder.relative_to(root).parent)
+            overlap[where] = max(overlap.get(where, 0), len({r.get("group") for r in run.records}))
+    swept = len({r.get("group") for r in sweep.records})
+    return "; ".join(f"`{where}` ({'group 0 of' if min(swept, groups) == 1 else f'groups 0-{min(swept, groups) - 1} of'}"
+                     f" {groups})" for where, groups in sorted(overlap.items()))
 
 
 def sweep_of(runs: list[Run], model: str, choice: dict) -> tuple[Run, pd.DataFrame] | None:
@@ -532,9 +561,9 @@ def sweep_of(runs: list[Run], model: str, choice: dict) -> tuple[Run, pd.DataFra
     and query mode give the recorded mean rank) and that row of its metrics; None where none is here."""
     for run in runs:
         if run.model != model or "tab:retrieval_layers" not in run.tables or swept(run.config) != choice.get("swept") \
-                or not (run.folder / "metrics.csv").is_file():
+                or not run.records:
             continue
-        metrics = pd.read_csv(run.folder / "metrics.csv")
+        metrics = tracing_table(run.records)
         row = metrics[(metrics["query_mode"] == choice["query_mode"]) & (metrics["layer"] == choice["tracer_layer"])]
         if len(row) and round(float(row["mean_rank"].iloc[0]), 3) == choice["mean_rank"]:
             return run, row
