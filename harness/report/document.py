@@ -196,7 +196,8 @@ def probe_section(root, runs) -> Section:
         legend.append(f"[{folder}]({full.relative_to(root)}): {run.config['model']['name']}, {memory}, "
                       f"{run.config['prompt']} prompt, {run.config['formation']}, {placements(records)}")
     return Section(label, title, pd.concat(frames, ignore_index=True).round(2),
-                   after="Mean rank with its 95 % bootstrap interval over groups, Top-k with its Wilson interval. "
+                   after="Mean rank with its 95 % bootstrap interval over groups, Top-k with its Wilson interval over "
+                         "the effective number of probes (a group's probes share its fragments). "
                          "`in_band`: the layer lies in floor(L/3)..ceil(L/2), where the paper (App. F) looks for the "
                          "tracer layer. The runs, each with its every layer, best first:\n\n"
                          + "\n".join(f"- {line}" for line in legend))
