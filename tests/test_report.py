@@ -236,6 +236,19 @@ def test_the_recommended_tracer_layer_shows_its_sweeps_intervals(tmp_path, monke
     assert "\n- smollm2: `nqa` (groups 0-1 of 3)\n" in table and "squad" not in table
 
 
+def test_a_seconds_table_says_under_what_its_columns_were_timed_and_where_they_differ(tmp_path):
+    """What every column shares is said once; a commit that differs is said per column, with the warning that the
+    columns were not timed alike; reuse_formed (True, migrated in) says a formation may have been served."""
+    steps = [{"group": 0, "step": 10, "correct": True, "target_rank": 1, "seconds": {"trace": 1.0}}]
+    for method, commit in (("vanilla", "a" * 40), ("memdefrag_top1", "b" * 40)):
+        fake_run(tmp_path / "f" / method, "Retention", method, steps, "informativeness",
+                 {"threads": 1, "git": commit, "device_name": "Some CPU"})
+    seconds = write(tmp_path).read_text().split("(`tab:forgetting_seconds`)")[1].split("\n## ")[0]
+    assert "Timed with threads 1, device Some CPU, reuse_formed True. commit: " in seconds
+    assert "vanilla+informativeness aaaaaaaa" in seconds and "memdefrag_top1+informativeness bbbbbbbb" in seconds
+    assert "not timed alike" in seconds and "served the distractors that one formed" in seconds
+
+
 def test_a_bench_table_says_each_timing_is_one_number_without_an_interval(tmp_path):
     fake_run(tmp_path / "r", "Retention", "vanilla", [{"group": 0, "step": 1, "correct": True}])
     (tmp_path / "speed_cpu.md").write_text("model=smollm2, best of 3 questions right after an update\n\n"

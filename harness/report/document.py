@@ -171,9 +171,37 @@ def bounded_step_section(runs, kind: str, title: str, value: str, model: str) ->
     if not chosen:
         return Section(label, title, missing=f"no runs yet: {command}", command=command)
     records = step_records(chosen, label)
+    after = MEANS
     if value == "seconds":
         records["seconds"] = records["seconds"].map(lambda phases: sum(phases.values()))
-    return Section(label, title, step_table(records, value=value), after=MEANS, command=command)
+        after += " " + timed_at(chosen, run_columns(chosen, label))
+    return Section(label, title, step_table(records, value=value), after=after, command=command)
+
+
+def timed_at(runs: list[Run], labels: list[str]) -> str:
+    """Under what the columns' seconds were measured (run.json: the commit, threads, the device; the run's
+    reuse_formed): what all share once, what differs per column, and a warning where anything does (a difference
+    between two columns may then be the code's or the machine's) or where a formation may have been served."""
+    fields = {"commit": lambda r: (r.info.get("git") or "unknown")[:8], "threads": lambda r: r.info.get("threads"),
+              "device": lambda r: r.device or "unnamed", "reuse_formed": lambda r: r.config.get("reuse_formed")}
+    shared, differing = [], []
+    for name, of in fields.items():
+        per_column: dict[str, list[str]] = {}
+        for run, label in zip(runs, labels):
+            per_column.setdefault(label, [])
+            if str(of(run)) not in per_column[label]:
+                per_column[label].append(str(of(run)))
+        if len({v for values in per_column.values() for v in values}) == 1:
+            shared.append(f"{name} {next(iter(per_column.values()))[0]}")
+        else:
+            differing.append(f"{name}: " + "; ".join(f"{label} {'/'.join(v)}" for label, v in per_column.items()))
+    text = "Timed with " + ", ".join(shared) + (". " + ". ".join(differing) if differing else "") + "."
+    if differing:
+        text += " The columns were not timed alike: a difference between two may be the code's or the machine's."
+    if any(run.config.get("reuse_formed") for run in runs):
+        text += (" reuse_formed True: a run after another in its process was served the distractors that one formed, "
+                 "its formation left out.")
+    return text
 
 
 def probe_section(root, runs) -> Section:
