@@ -249,6 +249,21 @@ def test_a_seconds_table_says_under_what_its_columns_were_timed_and_where_they_d
     assert "not timed alike" in seconds and "served the distractors that one formed" in seconds
 
 
+def test_a_distortion_run_at_the_floor_says_its_correlations_say_little(tmp_path):
+    """One correct answer over three steps: two accuracy levels, so every r rests on one step; said under its table,
+    and not under a run whose accuracy moves over three levels."""
+    def steps(correct):
+        return [{"group": g, "step": s, "correct": correct(g, s), "memory_tokens": 100 * s,
+                 "density": {"last": [0.5 / s, 0.1], "mean": [0.4 / s, 0.2 * s]}} for g in (0, 1) for s in (1, 2, 3)]
+
+    fake_run(tmp_path / "d" / "floor", "Distortion", "vanilla", steps(lambda g, s: g == 0 and s == 1))
+    fake_run(tmp_path / "d" / "moving", "Distortion", "text", steps(lambda g, s: s + g < 3))
+    section = write(tmp_path).read_text().split("(`fig:distortion`)")[1].split("\n## ")[0]
+    floor, moving = section.split("`d/floor`")[1].split("###")[0], section.split("`d/moving`")[1]
+    assert "Accuracy takes only 2 values over the steps (1 correct answer in all): an r here says little." in floor
+    assert "Accuracy takes only" not in moving
+
+
 def test_a_bench_table_says_each_timing_is_one_number_without_an_interval(tmp_path):
     fake_run(tmp_path / "r", "Retention", "vanilla", [{"group": 0, "step": 1, "correct": True}])
     (tmp_path / "speed_cpu.md").write_text("model=smollm2, best of 3 questions right after an update\n\n"

@@ -258,12 +258,17 @@ def distortion_section(root, runs) -> Section:
                                      zip(steps["correct"], steps["n"])])
         steps = steps.drop(columns=["correct", "n"])
         best = with_bounds(correlations(records).groupby("query_mode").head(3), digits=3)
+        levels, correct = frame.groupby("step")["correct"].mean().nunique(), int(frame["correct"].sum())
+        floor = ([f"Accuracy takes only {levels} value{'s' * (levels != 1)} over the steps ({correct} correct "
+                  f"answer{'s' * (correct != 1)} in all): an r here says little."] if levels <= 2 else [])
         parts += ["### " + named(run, f"{run.config['task']['dataset']}, {run.config['method']['label']} memory "
                                        f"({frame.group.nunique()} groups, `{run.folder.relative_to(root)}`)"),
-                  steps.T.astype(object).to_markdown(), best.to_markdown(index=False),
+                  steps.T.astype(object).to_markdown(), best.to_markdown(index=False), *floor,
                   *(f"![{p.stem}]({p.relative_to(root)})" for p in figures)]
     parts.append("Accuracy with its 95 % Wilson interval over the groups; Pearson r with its 95 % Fisher interval "
-                 "over the steps.")
+                 "over the steps (`steps`), which takes them as independent though every step asks the same groups "
+                 "again, so it is narrower than it should be; `accuracy_levels`: how many distinct accuracies the "
+                 "steps take.")
     return Section(label, title, text="\n\n".join(parts))
 
 
