@@ -42,8 +42,8 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     for dataset, seconds in (("nqa", (64.2, 75.07)), ("squad", (60, 70))):
         for job, (method, per_group) in enumerate(zip(("vanilla", "memdefrag_top1"), seconds)):   # a sweep's order
             fake_run(tmp_path / "r" / dataset / f"{job}_{method}", "Retention", method, steps, "informativeness",
-                     {"threads": 1, "model": "llama31_8b", "device": "cuda:0", "dtype": "bfloat16",
-                      "seconds": {"per_group": per_group}}, study="runtime", dataset=dataset)
+                     {"threads": 1 if dataset == "nqa" else 4, "model": "llama31_8b", "device": "cuda:0",
+                      "dtype": "bfloat16", "seconds": {"per_group": per_group}}, study="runtime", dataset=dataset)
     for job, (method, mb) in enumerate((("none", 15e9 / 2**20), ("memdefrag_top2", 19.73e9 / 2**20))):
         fake_run(tmp_path / "g" / f"{job}_{method}", "Retention", method, steps, "informativeness",
                  {"threads": 1, "model": "llama31_8b", "device": "cuda:0", "device_name": "NVIDIA H200",
@@ -72,7 +72,9 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert "[p/t](p/t/tracing.md): smollm2, text, chat prompt, shared_sink, 2 groups, target at positions 1/2, " \
            "one per group" in readme
     runtime = readme.split("(`tab:runtime`)")[0].split("## ")[-1] + readme.split("(`tab:runtime`)")[1].split("\n## ")[0]
-    assert "Time per group (s); model llama31_8b; device cuda:0; dtype bfloat16; threads 1" in runtime
+    assert "Time per group (s); dtype bfloat16; groups None; N_max 12800; " in runtime    # what every row shares
+    assert ("Each row's settings where the rows differ: nqa (llama31_8b, cuda:0): threads 1; squad (llama31_8b, "
+            "cuda:0): threads 4.") in runtime
     assert "; formation_batch solo; " in runtime              # a run made before the setting formed alone
     assert re.search(r"\| dataset +\| +vanilla\+informativeness \| +memdefrag_top1\+informativeness \|", runtime)
     assert re.search(r"\| nqa \(llama31_8b, cuda:0\) +\| +64.2 \| +75.07 \|", runtime)      # a device's runs on rows of
@@ -80,7 +82,7 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert "12.5" not in runtime                                        # a run of another study
     memory = readme.split("(`tab:gpu-memory`)")[0].split("## ")[-1] + readme.split("(`tab:gpu-memory`)")[1].split("\n## ")[0]
     assert re.search(r"\| nqa \(llama31_8b, NVIDIA H200\) +\| +15 \| +19.73 \|", memory)    # named where recorded
-    assert "; device NVIDIA H200; " in memory
+    assert "Peak memory (decimal GB, as the paper's); dtype bfloat16; threads 1;" in memory
     compressed = readme.split("(`tab:compression_comparison`)")[1].split("\n## ")[0]
     assert re.search(r"\| self_information@0.3 +\|", compressed)
     assert "Every run: memdefrag_top3+informativeness." in compressed

@@ -273,11 +273,11 @@ def distortion_section(root, runs) -> Section:
 
 
 
-def study_table(runs, study: str, value, per_group: bool) -> tuple[pd.DataFrame, str] | None:
+def study_table(runs, study: str, value, per_group: bool) -> tuple[pd.DataFrame, str, list[str]] | None:
     """Datasets as rows, methods as columns (baselines first, then by method): value(run) of the runs of one
     experiment (`study`) and of the released MemoryLLM baselines, the runs of one cell (shards of a run) pooled:
-    a mean over their groups where the value is per group, else the highest; and a caption naming model, device,
-    dtype and threads. None without such runs."""
+    a mean over their groups where the value is per group, else the highest; a caption naming the timing settings
+    every row shares, and a line per row naming those in which the rows differ. None without such runs."""
     if not any(r.study == study and r.info for r in runs):
         return None
     chosen, labels = study_runs(runs, study)
@@ -292,14 +292,22 @@ def study_table(runs, study: str, value, per_group: bool) -> tuple[pd.DataFrame,
     order = {label: (*baselines_first(r), label) for r, label in zip(chosen, labels)}
     table = table[sorted(order, key=order.get)]          # the same columns whichever folder a run lies in
     table.columns.name = None
-    setting = {key: sorted({str(r.device if key == "device" else r.info.get(key, BEFORE_THE_SETTING.get(key)))
-                            for r in chosen})
-               for key in ("model", "device", "dtype", "threads", "groups", "decode", "formation_batch",
-                           "reuse_formed")}
+    def setting(run: Run, key: str) -> str:
+        if key == "N_max":
+            return f"{run.config['model'].get('memory_capacity') or 'unbounded'}"
+        return str(run.info.get(key, BEFORE_THE_SETTING.get(key)))
+
+    keys = ("dtype", "threads", "groups", "N_max", "decode", "formation_batch", "reuse_formed")
+    rows = {key: {name: sorted({setting(r, key) for r, row in zip(chosen, frame["dataset"]) if row == name})
+                  for name in table.index} for key in keys}
+    shared = [f"{key} {values[0]}" for key in keys
+              if len(values := sorted({v for vs in rows[key].values() for v in vs})) == 1]
+    differing = [key for key in keys if len({v for vs in rows[key].values() for v in vs}) > 1]
+    per_row = [f"{name}: " + ", ".join(f"{key} {'/'.join(rows[key][name])}" for key in differing)
+               for name in table.index] if differing else []
     mixed = [label for r, label in zip(chosen, labels) if r.info.get("seconds", {}).get("retimed")]
-    return table, "; ".join([f"{key} {'/'.join(values)}" for key, values in setting.items()] + (
-        [f"{', '.join(mixed)} resumed under other timing settings, its seconds mixing both (run.json: "
-         f"seconds.retimed)"] if mixed else []))
+    return table, "; ".join(shared + ([f"{', '.join(mixed)} resumed under other timing settings, its seconds mixing "
+                                       f"both (run.json: seconds.retimed)"] if mixed else [])), per_row
 
 
 def study_runs(runs, study: str) -> tuple[list[Run], list[str]]:
@@ -321,10 +329,11 @@ def runtime_section(runs) -> tuple[Section, Section]:
         if found is None:
             section.missing = f"no runs yet: memdefrag experiment={study}"
             continue
-        section.table, caption = found[0].round(2), found[1]
-        section.title += f"; {caption}"
+        section.table, caption, per_row = found[0].round(2), found[1], found[2]
+        section.title += f"; {caption}" if caption else ""
+        section.after = ("Each row's settings where the rows differ: " + "; ".join(per_row) + ". ") if per_row else ""
     if seconds is not None:
-        runtime.after = ("reuse_formed False (the caption): every group formed, and was charged, every fragment it "
+        runtime.after += ("reuse_formed False (the caption): every group formed, and was charged, every fragment it "
                          "read, whatever ran before it in the process; True: fragments formed earlier in the process "
                          "were served again, their formation left out. formation_batch solo: each fragment formed "
                          "in a forward of its own; batched: a group's fragments formed together, padded "
@@ -332,7 +341,8 @@ def runtime_section(runs) -> tuple[Section, Section]:
                          "MemoryLLM 64.19, M+ 87.24, Top-1 75.07, Top-2 76.49, Top-all 103.67; SQuAD vanilla 60.11, "
                          "Top-1 79.23, Top-2 81.01, Top-all 107.95.")
     if peaks is not None:
-        memory.after = ("The paper's (Llama-3.1-8B-Instruct, NaturalQA, step 50, N_max 12,800): weights and memory "
+        memory.after += ("`none`: no memory read, the memory still stored and forgotten as for the others (the "
+                         "paper's 'weights and memory'). The paper's (Llama-3.1-8B-Instruct, NaturalQA, step 50, N_max 12,800): weights and memory "
                         "18.11, vanilla 23.03, Top-2 19.73. "
                         "On a GPU the CUDA allocator's peak of each run; on a CPU the process's peak RSS, which "
                         "covers every job a process ran before (run a sweep with hydra/launcher=local for one "
