@@ -23,8 +23,8 @@ from methods.window import BEYOND_MARK
 
 ANSWER_PHASES = ("trace", "rank", "select", "prefill", "decode")     # a question's seconds, in the order spent
 RANKER_REFERENCE, PEER_REFERENCE = "density top1 latent", "memdefrag_top1"    # what the others are paired with
-INTERVALS = ("Accuracy: % of the questions at that step, with its 95 % Wilson interval in brackets (n = groups x "
-             "seeds: one question per group and step). " + SHARED_DISTRACTORS + " Each seed draws its own set.")
+INTERVALS = ("Accuracy: % of the questions at that step, with its 95 % Wilson interval in brackets (n: the "
+             "`groups` column, the groups of every seed together, one question per group and step). " + SHARED_DISTRACTORS + " Each seed draws its own set.")
 PAIRED = ("at the last step, the difference in accuracy points against it on the same questions, McNemar's exact "
           "p on the questions only one of the two answered right, and n; p above 0.05 is no measurable difference.")
 

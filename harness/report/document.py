@@ -92,7 +92,7 @@ def retention_section(root, runs, bounded: bool, figures, model: str) -> Section
     claims = supported(root / "claims.yaml", table, keyed(table, (
         (row, frame) for row, frame in complete_groups(records).groupby(["model", "dataset", "run"]))), model)
     return Section(label, title, step_table(records), figure=str(figure.relative_to(root)),
-                   after=INTERVALS + claims, command=command)
+                   after=INTERVALS + (f" {capacities(chosen)}" if bounded else "") + claims, command=command)
 
 
 def compression_section(root, runs, figures) -> tuple[Section, Section]:
@@ -112,11 +112,18 @@ def compression_section(root, runs, figures) -> tuple[Section, Section]:
     accuracy_curves(accuracy_table(records), figure)
     accuracy.figure = str(figure.relative_to(root))
     rank.table = step_table(records, value="target_rank")
-    runs_are = f" Every run: {shared}. 1 = every token kept (no compression). " \
-        + "; ".join(f"{r.config['task']['dataset']}: N_max {r.config['model'].get('memory_capacity') or 'unbounded'}"
-                    for r in {r.config['task']['dataset']: r for r in chosen}.values()) + "."
+    runs_are = f" Every run: {shared}. 1 = every token kept (no compression). {capacities(chosen)}"
     accuracy.after, rank.after = INTERVALS + runs_are, MEANS + runs_are
     return accuracy, rank
+
+
+def capacities(runs: list[Run]) -> str:
+    """Each data set's N_max (model.memory_capacity) among `runs`, in one sentence."""
+    per_set: dict[str, set] = {}
+    for run in runs:
+        per_set.setdefault(run.config["task"]["dataset"], set()).add(run.config["model"].get("memory_capacity"))
+    return "; ".join(f"{dataset}: N_max {'/'.join(str(c or 'unbounded') for c in sorted(caps, key=str))}"
+                     for dataset, caps in sorted(per_set.items())) + "."
 
 
 def compressor_columns(labels: pd.Series) -> tuple[pd.Series, str]:
@@ -216,6 +223,8 @@ def probe_section(root, runs) -> Section:
         layers = records[0]["layers"]
         if layers == list(range(len(layers))):          # every layer probed: the paper's band is known
             table["in_band"] = table["layer"].isin(band(len(layers))).map({True: "yes", False: "no"})
+        elif run.config["task"].get("layers") == "band":    # only the band probed
+            table["in_band"] = "yes"
         folder = str(run.folder.relative_to(root))
         table.insert(0, "run", named(run, folder))      # the folder names a run in a few words; the legend says it
         frames.append(table)
@@ -227,7 +236,7 @@ def probe_section(root, runs) -> Section:
                    after="Mean rank with its 95 % bootstrap interval over groups, Top-k with its Wilson interval over "
                          "the effective number of probes (a group's probes share its fragments). "
                          "`in_band`: the layer lies in floor(L/3)..ceil(L/2), where the paper (App. F) looks for the "
-                         "tracer layer. The runs, each with its every layer, best first:\n\n"
+                         "tracer layer (blank where a run probed a list of layers, which does not give L). The runs, each with its every layer, best first:\n\n"
                          + "\n".join(f"- {line}" for line in legend))
 
 
@@ -386,8 +395,8 @@ def in_gb(mib: float) -> float:
     return mib * 2**20 / 1e9
 
 
-INTERVALS = ("Each accuracy with its 95 % Wilson interval over the questions at that step, in brackets. "
-             + SHARED_DISTRACTORS)
+INTERVALS = ("Each accuracy with its 95 % Wilson interval over the questions at that step, in brackets; a blank "
+             "cell: that run did not ask at that step (its task.eval_steps). " + SHARED_DISTRACTORS)
 MEANS = "Each mean with its 95 % bootstrap interval over the groups, in brackets. " + SHARED_DISTRACTORS
 BASELINES = ("none", "text", "vanilla")       # the rows a table of methods starts with, in this order
 
@@ -410,12 +419,18 @@ def longbench_section(root, runs, model: str) -> Section:
     scorers = sorted({f"{r['bertscore_model']} (layer {r['bertscore_layers']}, "
                       f"{'rescaled' if r['bertscore_rescaled'] else 'not rescaled'})" for r in records})
     folders = ", ".join(f"`{r.folder.relative_to(root)}`" for r in chosen)
+    data = "; ".join(sorted({"the embedded fictional long-context set (task.dataset=synthetic), asked as LongBench "
+                             "asks, not LongBench's data" if r.config["task"]["dataset"] == "synthetic" else
+                             f"task.dataset={r.config['task']['dataset']}" for r in chosen}))
     return Section(label, title, longbench_table(records).round(1),
                    after=f"Each metric with its 95 % bootstrap interval over the items; `f1 vs vanilla`: the F1 "
                          f"difference against the set's vanilla run on the same items and its paired bootstrap "
                          f"interval. "
                          f"BERTScore: {', '.join(scorers)}. `target_rank`: density rank of the best-ranked chunk "
-                         f"holding a gold answer (methods that trace). Runs: {folders}.")
+                         f"holding a gold answer (methods that trace). `items`: the items asked; `truncated`: of "
+                         f"them, those whose context was cut in the middle to task.max_tokens (LongBench's own "
+                         f"pred.py); `skipped`: the set's items left out for their length (the authors'). Model: "
+                         f"{model}. Data: {data}. Runs: {folders}.")
 
 
 def protocol_of(run: Run) -> str:
