@@ -539,7 +539,8 @@ def asked(runs: list[Run]) -> str:
 
 
 LOCOMO_NOTES = ("F1: LoCoMo's own score (evals/locomo_scoring.py) with its 95 % bootstrap interval resampling "
-                "conversations; f1 authors: the MemDefrag authors' (LongBench's qa_f1_score); accuracy: the gold, "
+                "conversations (category 5, adversarial: LoCoMo's 0 or 100, 100 where the reply says the "
+                "information is not there); f1 authors: the MemDefrag authors' (LongBench's qa_f1_score); accuracy: the gold, "
                 "cut as LoCoMo's score cuts it, inside the scored reply, Wilson interval; evidence hit: an evidence "
                 "session among the fragments read (methods that choose); evidence rank: its best rank under what "
                 "ranked (`ranked by`: attention density, or a retriever's own score).")
