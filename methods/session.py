@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 import torch
 
 from methods.attention.decoder import num_layers
-from methods.attention.positions import RotaryError
 from methods.attention.grouped import grouped_attention
 from methods.base import Method, Question, taken
 from methods.compression.compressor import Compression, NoCompression
@@ -22,6 +21,7 @@ from methods.generation import Decode, clock, default_decode, greedy, stop_ids
 from methods.memory import LatentMemory
 from methods.phase_peaks import PeakWatch
 from methods.prompting import format_prompt, prompt_template, read_prompt
+from methods.backends.support import UNSUPPORTED, alternative
 from methods.backends.text_prefix import TextPrefix
 from methods.window import Window
 
@@ -105,9 +105,11 @@ class Session:
                              f"KVPrefixBackend(model) or HiddenPrefixBackend(model), with the session's model")
         try:
             type(self.backend).check(self.model.config)
-        except RotaryError as err:
-            raise ValueError(f"{type(self.backend).__name__} {err}: use HiddenPrefixBackend (the paper's "
-                             f"formulation, slower) for this model") from None
+        except UNSUPPORTED as err:
+            other, refused = alternative(type(self.backend), self.model.config)
+            way_out = f"use {other.__name__} for this model" if refused is None else \
+                f"neither can {other.__name__}, which {refused}"
+            raise ValueError(f"{type(self.backend).__name__} {err}: {way_out}") from None
         self.method.check_model(self.model.config)
         self.method.check(num_layers(self.model.config))
         unpaired = pairing_refusal(self.method, forgetting or NoForgetting(), f"method {type(self.method).__name__}",

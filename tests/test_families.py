@@ -200,6 +200,26 @@ def test_the_readmes_family_counts_are_the_committed_tables():
     assert said == counts
 
 
+def test_a_refusal_names_the_other_backend_only_where_that_one_holds_the_model():
+    """GPT-2 (absolute positions): the fast backend refused, pointing to hidden_prefix, which holds it. Gemma-3n
+    (shared keys and values, and AltUp's several hidden streams per token): refused on either backend before its
+    weights load, in one line giving both reasons, pointing nowhere."""
+    from harness.models.selfcheck import refuse_unsupported
+    from methods.backends.hidden_prefix import HiddenPrefixBackend
+    from methods.backends.kv_prefix import KVPrefixBackend
+
+    with pytest.raises(ConfigError, match=r"^backend=fast .*: use backend=hidden_prefix \(the paper's formulation"):
+        refuse_unsupported(KVPrefixBackend, tiny_config("gpt2"))
+    HiddenPrefixBackend.check(tiny_config("gpt2"))
+    for backend in (KVPrefixBackend, HiddenPrefixBackend):
+        with pytest.raises(ConfigError) as refused:
+            refuse_unsupported(backend, tiny_config("gemma3n_text", 4))
+        line = str(refused.value)
+        assert line.startswith(f"backend={backend.name} ") and "\n" not in line and "use backend" not in line
+        assert "shares them across layers" in line and "hidden streams per token between its layers" in line
+        assert "neither can backend=" in line
+
+
 def test_gemma3n_without_shared_layers_is_refused_in_one_line_for_its_several_hidden_streams(tmp_path, shared_tokenizer):
     """Gemma-3n's layers take AltUp's several hidden streams per token (once a traceback from the store)."""
     config = tiny_config("gemma3n_text", 4)

@@ -174,3 +174,21 @@ def test_the_self_check_command_checks_a_checkpoint_folder_given_as_its_source(t
                         for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
     table = [dict(zip(header, row)) for row in rows]
     assert [(row["model"], row["dtype"], row["exact"]) for row in table] == [("hf", "float32", "True")] * 2, table
+
+
+def test_the_self_check_command_refuses_in_one_line_a_model_the_fast_backend_cannot_trace_once_loaded(tmp_path):
+    """GPT-J passes the checks made before its weights load, and only its forward shows that its keys cannot be
+    traced to one rotation: the command's one line (not a traceback) names it and the way out."""
+    from transformers import GPTJConfig
+
+    from harness.running.families import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(GPTJConfig(vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2, n_embd=64,
+                                                n_layer=2, n_head=4, n_positions=4096, rotary_dim=8)
+                                     ).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match=r"^backend=fast: model type 'gptj': layer 0 rotates, .*: use "
+                                          r"backend=hidden_prefix \(the paper's formulation, slower\) for this model$"):
+        selfcheck.main(["--model", "hf", "--source", str(tmp_path), "--fragments", "3", "--dtype", "float32"])

@@ -38,7 +38,9 @@ from methods.backends.hidden_prefix import HiddenPrefixBackend
 from methods.backends.kv_prefix import KVPrefixBackend
 from methods.generation import greedy, stop_ids
 from methods.memory import LatentMemory
+from methods.attention.decoder import DecoderError
 from methods.attention.positions import RotaryError
+from methods.backends.support import UNSUPPORTED, alternative
 from methods.prompting import format_prompt
 from methods.attention.tracing import QueryMode, densities
 
@@ -54,6 +56,15 @@ FLOAT32_TOLERANCE = 1e-4
 # (logits) and 3.7-102x (densities) past it, a wrong rotary base 20-224x and 14-434x (tests/test_selfcheck.py)
 MARGIN = 2.0
 FALLBACK = "use backend=hidden_prefix (the paper's formulation, slower) for this model"
+
+
+def way_out(backend_class, model_config) -> str:
+    """What a refusal of `backend_class` offers: the other backend where its own check holds the model, else that
+    neither backend runs it, and why the other does not."""
+    other, refused = alternative(backend_class, model_config)
+    if refused is not None:
+        return f"neither can backend={other.name}, which {refused}"
+    return FALLBACK if other is HiddenPrefixBackend else f"use backend={other.name} for this model"
 VERDICT_KEYS = {"exact", "model_type", "dtype", "truth", "fast_logits_error", "fast_density_error", "tie_gap"}
 
 
@@ -61,8 +72,8 @@ def refuse_unsupported(backend_class, model_config) -> None:
     """Before any weights load: what the backend cannot run (the fast one: a family without rotary positions)."""
     try:
         backend_class.check(model_config)
-    except RotaryError as err:
-        raise ConfigError(f"backend={backend_class.name} {err}: {FALLBACK}") from None
+    except UNSUPPORTED as err:
+        raise ConfigError(f"backend={backend_class.name} {err}: {way_out(backend_class, model_config)}") from None
 
 
 @dataclass
@@ -127,6 +138,15 @@ def tie_gap(fast: Outcome, truth: Outcome) -> float | None:
 
 
 @torch.no_grad()
+def compared(model, tokenizer, *args) -> dict:
+    """compare(), a model the fast backend turns out not to hold once loaded (a rotation its keys cannot be traced
+    to, RotaryError) refused in one line, with the way out (way_out)."""
+    try:
+        return compare(model, tokenizer, *args)
+    except RotaryError as err:
+        raise ConfigError(f"backend=fast: {err}: {way_out(KVPrefixBackend, model.config)}") from None
+
+
 def compare(model, tokenizer, texts=FRAGMENTS, order=(1, 0), question=QUESTION, prompt="plain",
             answer_tokens: int = 4) -> dict:
     """Both backends in the model's dtype on `texts` stored in turn, then arranged in `order` (reversed by
@@ -185,10 +205,7 @@ def verify(backend, tokenizer, spec: ModelSpec) -> dict | None:
     verdict = read_json(path)                      # a verdict file cut short is checked anew
     if not VERDICT_KEYS <= verdict.keys():
         start = time.perf_counter()
-        try:
-            found = compare(model, tokenizer)
-        except RotaryError as err:
-            raise ConfigError(f"backend=fast: {err}: {FALLBACK}") from None
+        found = compared(model, tokenizer)
         verdict = {**judged(found), "seconds": time.perf_counter() - start, "model_type": model.config.model_type,
                    "dtype": str(model.dtype).removeprefix("torch.")}
         write_json(path, verdict)
@@ -252,7 +269,8 @@ def main(argv: list[str] | None = None) -> None:
                 parser.error(f"--model {args.model}{f' --source {args.source}' if args.source else ''}: "
                              f"{str(err).splitlines()[0]} (--model names a file in conf/model/; --model hf takes "
                              f"its weights from --source)")
-        refuse_unsupported(KVPrefixBackend, check_source(spec)[0])     # the fast backend's refusals, before load
+        for backend_class in (KVPrefixBackend, HiddenPrefixBackend):   # the two it compares, refused before load
+            refuse_unsupported(backend_class, check_source(spec)[0])
         model, tokenizer = load(spec)
         name, prompt = args.model, spec.prompt
     group = Retention(args.dataset, args.data_dir, groups=1, updates=args.fragments).groups(tokenizer)[0]
@@ -261,7 +279,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for view, order in (("vanilla", range(n)), ("reordered Top-2", (n - 1, 0))):
         start = time.perf_counter()
-        found = judged(compare(model, tokenizer, texts, tuple(order), group.target.question, prompt, 16))
+        try:
+            found = judged(compared(model, tokenizer, texts, tuple(order), group.target.question, prompt, 16))
+        except DecoderError as err:           # a layer neither formulation can read (its attention, its inputs)
+            raise ConfigError(f"{err}: the self-check cannot judge this model") from None
         rows.append({"model": name, "dtype": str(model.dtype).removeprefix("torch."), "view": view,
                      "fragments": len(order), **found, "seconds": round(time.perf_counter() - start, 1)})
     table = pd.DataFrame(rows).drop(columns=["truth", "margin", "float32_tolerance"]).to_markdown(

@@ -15,7 +15,7 @@ from transformers import DynamicCache
 
 from methods.base import Reading
 from methods.memory import LatentMemory
-from methods.attention.decoder import cache_keyword, embeddings, hooked, layers
+from methods.attention.decoder import DecoderError, cache_keyword, embeddings, hooked, layers
 from methods.attention.tracing import recording_attention, until_stopped
 
 
@@ -68,7 +68,12 @@ class HiddenPrefixBackend:
 
     @staticmethod
     def check(model_config) -> None:
-        """Any decoder with a stack of layers: nothing to refuse before its weights load."""
+        """Before any weights load: a decoder whose layers pass several hidden streams per token (Gemma-3n's AltUp)
+        has no one layer input per token to store (DecoderError); any other stack of layers runs."""
+        streams = getattr(model_config.get_text_config(), "altup_num_inputs", None) or 1
+        if streams > 1:
+            raise DecoderError(f"stores one layer input per token; model type {model_config.model_type!r} passes "
+                               f"{streams} hidden streams per token between its layers (altup_num_inputs={streams})")
 
     def forget_trace(self) -> None:
         """Nothing is kept between questions: every trace stacks the states again."""

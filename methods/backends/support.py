@@ -1,0 +1,21 @@
+"""Which backend can hold a model, decided from its config before any weights load: each backend's own `check`
+refuses what it cannot run (RotaryError, DecoderError); a refusal names the other backend where that one can."""
+
+from __future__ import annotations
+
+from methods.attention.decoder import DecoderError
+from methods.attention.positions import RotaryError
+from methods.backends.hidden_prefix import HiddenPrefixBackend
+from methods.backends.kv_prefix import KVPrefixBackend
+
+UNSUPPORTED = (RotaryError, DecoderError)       # what a backend's check raises for a model it cannot run
+
+
+def alternative(backend_class: type, model_config) -> tuple[type, str | None]:
+    """The other backend, and why its own check refuses this model too (None where it holds it)."""
+    other = HiddenPrefixBackend if backend_class is KVPrefixBackend else KVPrefixBackend
+    try:
+        other.check(model_config)
+    except UNSUPPORTED as err:
+        return other, str(err)
+    return other, None
