@@ -192,10 +192,11 @@ def capacity_positions(capacity: int, sink: int, prompt: int, budget: int) -> in
 
 
 def check_capacity(config, capacity: int | None, sink: int, prompt: int, budget: int, allow: bool,
-                   model: str, stored: tuple[int, str] | None = None) -> None:
+                   model: str, stored: tuple[int, str] | None = None, longest: int = 1) -> None:
     """Before any weights load: refuse a memory capacity whose full read cannot fit the trained window beside
     the prompt and the answer, whatever the data (WindowError); with no capacity (nothing forgotten), the most
-    a group of the task stores, `stored` = (its tokens, which group stores how many fragments)."""
+    a group of the task stores, `stored` = (its tokens, which group stores how many fragments). The way out it
+    names is one the run takes: a capacity below the task's `longest` fragment (tokens) is none."""
     window = trained_window(config)
     memory = capacity if capacity is not None else stored and stored[0]
     if memory is None or window is None or allow:
@@ -208,6 +209,10 @@ def check_capacity(config, capacity: int | None, sink: int, prompt: int, budget:
             (f"{stored[1]} of {memory} tokens in all, none forgotten",
              f"store fewer or shorter fragments, or forget (e.g. forgetting=informativeness "
              f"model.memory_capacity={fits})")
+        if fits < longest:
+            lower = (f"no capacity fits, as a fragment of this task takes up to {longest} tokens and the window "
+                     f"leaves {max(fits, 0)} for the memory: store shorter fragments, ask for a shorter answer "
+                     f"(max_new_tokens), or use a model with a longer window")
         raise WindowError(f"{held}: a full memory's read (sink {sink} + {memory} + prompt {prompt} + answer budget "
                           f"{budget} - 1) takes {needed} positions, {needed - window} past model {model}'s trained "
                           f"window of {window}: {lower}, or allow_beyond_window=true to study reads beyond it "

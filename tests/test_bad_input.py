@@ -296,6 +296,10 @@ CASES = [
     (["task=probe"], "task Probe: group 39 stores 20 fragments of 10115 tokens in all, none forgotten: a full memory's "
      "read (sink 1 + 10115 + prompt 30 + answer budget 32 - 1) takes 10177 positions, 1985 past model smollm2's "
      "trained window of 8192: store fewer or shorter fragments"),
+    # a window too short for one fragment beside the answer: no capacity is offered as a way out (it would be refused)
+    (["max_new_tokens=8100"], "past model smollm2's trained window of 8192: no capacity fits, as a fragment of this "
+     "task takes up to 137 tokens and the window leaves 62 for the memory: store shorter fragments, ask for a shorter "
+     "answer (max_new_tokens), or use a model with a longer window, or allow_beyond_window=true"),
     # a boolean takes true or false, not a number OmegaConf would read as true
     (["task.shuffle=2"], "task.shuffle=2: task.shuffle is a boolean option, it takes true or false"),
     (["resume=2"], "resume=2: resume is a boolean option"),

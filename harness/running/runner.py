@@ -154,7 +154,7 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
     try:
         check_capacity(model_config, forgetting.capacity, len(sink_ids(tokenizer, header)),
                        prompt_positions(task, tokenizer, cfg.prompt, header), budget,
-                       cfg.allow_beyond_window, spec.name, stored)
+                       cfg.allow_beyond_window, spec.name, stored, longest)
     except WindowError as err:
         raise ConfigError(str(err)) from None
     return spec, method, task, forgetting, compressor, groups
