@@ -80,6 +80,8 @@ CASES = [
     (["method.tracer_layer=30"], "method.tracer_layer=30 is out of range: this model has 30 decoder layers, "
      "allowed the integers 0..29"),
     (["method.tracer_layer=-1"], "method.tracer_layer=-1 is out of range"),
+    (["model.tracer_layer=30"], "method.tracer_layer=30 is out of range: this model has 30 decoder layers, allowed "
+     "the integers 0..29 (method.tracer_layer is ${model.tracer_layer}: set model.tracer_layer)"),   # the key set
     (["model.tracer_layer=null"], "method.tracer_layer and method.query_mode must be set"),
     (["threads=0"], "threads=0 must be >= 1"),
     (["threads=-1"], "threads=-1 must be >= 1"),
@@ -266,7 +268,8 @@ CASES = [
     (["task.dataset=squad", "task.data_dir=/etc/hostname"], "task.data_dir='/etc/hostname' has no folder squad/"),
     # a sweep: every job is checked before the first one starts
     (["-m", "method=vanilla,memdefrag", "model.tracer_layer=40"], "method.tracer_layer=40 is out of range: this "
-     "model has 30 decoder layers, allowed the integers 0..29 (job method=memdefrag model.tracer_layer=40"),
+     "model has 30 decoder layers, allowed the integers 0..29 (method.tracer_layer is ${model.tracer_layer}: set "
+     "model.tracer_layer) (job method=memdefrag model.tracer_layer=40"),
     (["-m", "method.k=1,0"], "method.k=0 is not allowed"),
     (["-m", "method=vanilla,text", "method.label=mine"], "method.label='mine' names 2 method classes in this sweep "
      "(methods.baselines.TextMemory, methods.baselines.Vanilla), whose runs the tables would pool: give each its own "

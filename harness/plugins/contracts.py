@@ -8,6 +8,7 @@ import importlib
 import inspect
 import json
 import os
+import re
 import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -86,7 +87,7 @@ def build(node: DictConfig, what: str, **kwargs):
         if option not in fields:
             raise ConfigError(f"{what} {cls.__name__} has no `{option}` option: the harness names each run by its "
                               f"{what}.{option} (give its constructor a `{option}` parameter)")
-    with refused(what, f"{cls.__name__}()"):
+    with refused(what, f"{cls.__name__}()", node):
         try:
             plugin = instantiate(fields, **kwargs)
         except Exception as err:  # noqa: BLE001 - Hydra wraps the constructor's ValueError
@@ -96,17 +97,18 @@ def build(node: DictConfig, what: str, **kwargs):
 
 
 @contextmanager
-def refused(what: str, member: str = "") -> Iterator[None]:
+def refused(what: str, member: str = "", node: DictConfig | None = None) -> Iterator[None]:
     """A plugin's ValueError or TypeError (its constructor's, its `check`'s) as one ConfigError line, prefixed
-    with its kind unless the message already starts with it (`method.k=0 ...`, `method mplus needs ...`); anything
-    else it raises (a file it cannot read, a key its data lacks, a failed assert) as one line naming its kind, the
-    `member` that raised it (`Passkey.check`) and the cause. MEMDEFRAG_DEBUG=1 shows the traceback instead."""
+    with its kind unless the message already starts with it (`method.k=0 ...`, `method mplus needs ...`), and the
+    key its value comes from where `node` (its config) takes it from another (`set_where`); anything else it raises
+    (a file it cannot read, a key its data lacks, a failed assert) as one line naming its kind, the `member` that
+    raised it (`Passkey.check`) and the cause. MEMDEFRAG_DEBUG=1 shows the traceback instead."""
     try:
         yield
     except (ValueError, TypeError) as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
         named = message.startswith((f"{what}.", f"{what} ", f"{what}="))
-        raise ConfigError(message if named else f"{what}: {message}") from None
+        raise ConfigError(set_where(message if named else f"{what}: {message}", what, node)) from None
     except Exception as err:  # noqa: BLE001 - an author's check may fail any way: one line, the traceback on request
         if os.environ.get("MEMDEFRAG_DEBUG"):
             raise
@@ -116,10 +118,23 @@ def refused(what: str, member: str = "") -> Iterator[None]:
                           f"raise ValueError naming what is wrong; MEMDEFRAG_DEBUG=1 shows the traceback)") from None
 
 
-def checked_call(what: str, member: str, call) -> None:
+def set_where(message: str, what: str, node: DictConfig | None) -> str:
+    """A message about `what.key=value` where the plugin's config takes that key from another (`method.tracer_layer:
+    ${model.tracer_layer}`): said, with the key a user sets, since the one named is not it."""
+    found = re.match(rf"{re.escape(what)}\.([\w.]+)=", message)
+    if node is None or not found:
+        return message
+    raw = OmegaConf.to_container(node, resolve=False)
+    for part in found[1].split("."):
+        raw = raw.get(part) if isinstance(raw, dict) else None
+    source = re.fullmatch(r"\$\{([\w.]+)\}", raw) if isinstance(raw, str) else None
+    return f"{message} ({what}.{found[1]} is ${{{source[1]}}}: set {source[1]})" if source else message
+
+
+def checked_call(what: str, member: str, call, node: DictConfig | None = None) -> None:
     """Run a plugin's check as `refused` does; a value it returns is refused too (a check refuses by raising,
     and one returning its complaint would pass silently)."""
-    with refused(what, member):
+    with refused(what, member, node):
         result = call()
     if result is not None:
         raise ConfigError(f"{what} {member} returned {result!r:.80}: a check refuses by raising ValueError and "

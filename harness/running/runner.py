@@ -109,15 +109,18 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
         raise ConfigError(f"backend={cfg.backend}: {named('method')} reads its memory with "
                           f"backend={' or '.join(method.backends)}")
     selfcheck.refuse_unsupported(BACKENDS[cfg.backend], model_config)
-    checked_call("method", f"{type(method).__name__}.check_model", lambda: method.check_model(model_config))
-    checked_call("method", f"{type(method).__name__}.check", lambda: method.check(num_layers(model_config)))
+    checked_call("method", f"{type(method).__name__}.check_model", lambda: method.check_model(model_config),
+                 cfg.method)
+    checked_call("method", f"{type(method).__name__}.check", lambda: method.check(num_layers(model_config)),
+                 cfg.method)
     task = build(cfg.task, "task")
     if method.needs_targets and not getattr(task, "marks_targets", False):
         raise ConfigError(f"{named('method')} reads the fragments a task marks as holding the answer, and "
                           f"task {cfg.task._target_.rsplit('.', 1)[-1]} marks none: use a task that does "
                           f"(retention, distortion, longbench)")
-    checked_call("task", f"{type(task).__name__}.check", task.check)
-    checked_call("task", f"{type(task).__name__}.check_model", lambda: task.check_model(model_config, tokenizer))
+    checked_call("task", f"{type(task).__name__}.check", task.check, cfg.task)
+    checked_call("task", f"{type(task).__name__}.check_model", lambda: task.check_model(model_config, tokenizer),
+                 cfg.task)
     positions, budget = trained_window(model_config), answer_budget(task, cfg.max_new_tokens)
     if positions is not None and budget >= positions:
         asked = f"max_new_tokens={budget}" if budget == cfg.max_new_tokens else \
@@ -129,7 +132,7 @@ def preflight(cfg: DictConfig, choices: dict | None = None):
     if unpaired:
         raise ConfigError(unpaired)
     compressor = build(cfg.compression, "compression")
-    checked_call("compression", f"{type(compressor).__name__}.check", compressor.check)
+    checked_call("compression", f"{type(compressor).__name__}.check", compressor.check, cfg.compression)
     with refused("task", f"{type(task).__name__}.groups"):
         found = checked(task.groups(tokenizer), task, "task", "groups")
     check_groups(found)
