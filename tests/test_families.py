@@ -201,16 +201,20 @@ def test_the_readmes_family_counts_are_the_committed_tables():
 
 
 def test_a_refusal_names_the_other_backend_only_where_that_one_holds_the_model():
-    """GPT-2 (absolute positions): the fast backend refused, pointing to hidden_prefix, which holds it. Gemma-3n
+    """GPT-2 (absolute positions) and Bloom (ALiBi, no rotary function): the fast backend refused, saying which,
+    pointing to hidden_prefix, which holds them. Gemma-3n
     (shared keys and values, and AltUp's several hidden streams per token): refused on either backend before its
     weights load, in one line giving both reasons, pointing nowhere."""
     from harness.models.selfcheck import refuse_unsupported
     from methods.backends.hidden_prefix import HiddenPrefixBackend
     from methods.backends.kv_prefix import KVPrefixBackend
 
-    with pytest.raises(ConfigError, match=r"^backend=fast .*: use backend=hidden_prefix \(the paper's formulation"):
-        refuse_unsupported(KVPrefixBackend, tiny_config("gpt2"))
-    HiddenPrefixBackend.check(tiny_config("gpt2"))
+    for kind, how in (("gpt2", "applies its positions some other way (absolute embeddings"),
+                      ("bloom", "adds ALiBi's bias in its attention")):        # ALiBi without a rotary function
+        with pytest.raises(ConfigError, match=rf"^backend=fast .*defines none: it {re.escape(how)}.*: use "
+                                              rf"backend=hidden_prefix \(the paper's formulation"):
+            refuse_unsupported(KVPrefixBackend, tiny_config(kind))
+        HiddenPrefixBackend.check(tiny_config(kind))
     for backend in (KVPrefixBackend, HiddenPrefixBackend):
         with pytest.raises(ConfigError) as refused:
             refuse_unsupported(backend, tiny_config("gemma3n_text", 4))

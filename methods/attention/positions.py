@@ -162,9 +162,15 @@ def length_dependent_rotary(config) -> dict | None:
 
 
 def no_rotary_function(config, module_name: str) -> str:
+    """Why the fast backend cannot place a family whose module has no rotary function; an ALiBi family (a function
+    named for it) is told apart, since ALiBi keys would need no re-placing: the placement watches rotary functions
+    only, and runs ALiBi where its family has one (Falcon's `alibi=true`)."""
+    alibi = any("alibi" in name.lower() and inspect.isfunction(f) for name, f in vars(sys.modules[module_name]).items())
+    how = ("adds ALiBi's bias in its attention, which this backend's placement, built on a family's rotary "
+           "function (it runs ALiBi where the family has one, as Falcon's alibi=true), does not watch") if alibi else \
+        "applies its positions some other way (absolute embeddings, complex frequencies) that it cannot re-place"
     return (f"re-places keys through the family's rotary function (apply_rotary*(..., cos, sin)); model type "
-            f"{config.model_type!r} ({module_name}) defines none, so its positions are applied some other way "
-            f"(absolute embeddings, ALiBi, complex frequencies) that it cannot re-place")
+            f"{config.model_type!r} ({module_name}) defines none: it {how}")
 
 
 def _candidates(model) -> list:
