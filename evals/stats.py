@@ -41,20 +41,32 @@ def wilson(successes: float, n: float, confidence: float = CONFIDENCE) -> tuple[
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def grouped_wilson(hits: np.ndarray, groups: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Wilson's interval of a rate whose observations come in groups that share what decides them (a probe group's
-    targets share its fragments), over the effective number of observations (Kish): n over the design effect,
-    the rate's variance between groups against a binomial's of n, at least 1. Where every observation agrees
-    there is no variance to measure it by: each group counts as one observation."""
+def design_effect(hits: np.ndarray, groups: np.ndarray) -> float | None:
+    """How much less a rate over observations that come in groups (a probe group's targets share its memory) knows
+    than one over as many independent ones: its variance between groups (the ratio estimator's, with G/(G-1))
+    against a binomial's of n. None where it cannot be measured: one group, or every observation alike."""
     hits = np.asarray(hits, dtype=float)
     labels, index = np.unique(np.asarray(groups), return_inverse=True)
-    n, rate = len(hits), float(hits.mean()) if len(hits) else math.nan
-    effective = float(len(labels))
-    if 0 < rate < 1 and len(labels) > 1:
-        sums, counts = np.bincount(index, hits), np.bincount(index)
-        between = float(np.sum((sums - rate * counts) ** 2)) / n ** 2      # the binomial's where groups hold one
-        effective = n / max(1.0, between / (rate * (1 - rate) / n))
-    return wilson(rate * effective, effective, confidence)
+    n, count = len(hits), len(labels)
+    rate = float(hits.mean()) if n else math.nan
+    if count < 2 or not 0 < rate < 1:
+        return None
+    sums, sizes = np.bincount(index, hits), np.bincount(index)
+    between = count / (count - 1) * float(np.sum((sums - rate * sizes) ** 2)) / n ** 2
+    return between / (rate * (1 - rate) / n)
+
+
+def grouped_wilson(hits: np.ndarray, groups: np.ndarray, design: float | None = None,
+                   confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Wilson's interval of a rate over grouped observations, over the effective number of them: n over the design
+    effect, at least 1. `design`: one measured over many rates of the same groups (a table's rows, so that every
+    row has the same and their intervals keep the order of their rates, at 0 % and 100 % too); else this rate's
+    own (design_effect), or 1 where it cannot be measured."""
+    hits = np.asarray(hits, dtype=float)
+    if design is None:
+        design = design_effect(hits, groups) or 1.0
+    effective = len(hits) / max(1.0, design)
+    return wilson(float(hits.mean()) * effective, effective, confidence) if len(hits) else (math.nan, math.nan)
 
 
 def mcnemar(only_first: int, only_second: int) -> float:

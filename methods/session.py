@@ -21,7 +21,7 @@ from methods.generation import Decode, clock, default_decode, greedy, stop_ids
 from methods.memory import LatentMemory
 from methods.phase_peaks import PeakWatch
 from methods.prompting import format_prompt, prompt_template, read_prompt
-from methods.backends.support import UNSUPPORTED, alternative
+from methods.backends.support import UNSUPPORTED, way_out
 from methods.backends.text_prefix import TextPrefix
 from methods.window import Window
 
@@ -106,10 +106,8 @@ class Session:
         try:
             type(self.backend).check(self.model.config)
         except UNSUPPORTED as err:
-            other, refused = alternative(type(self.backend), self.model.config)
-            way_out = f"use {other.__name__} for this model" if refused is None else \
-                f"neither can {other.__name__}, which {refused}"
-            raise ValueError(f"{type(self.backend).__name__} {err}: {way_out}") from None
+            raise ValueError(f"{type(self.backend).__name__} {err}: "
+                             f"{way_out(type(self.backend), self.model.config, lambda b: b.__name__)}") from None
         self.method.check_model(self.model.config)
         self.method.check(num_layers(self.model.config))
         unpaired = pairing_refusal(self.method, forgetting or NoForgetting(), f"method {type(self.method).__name__}",

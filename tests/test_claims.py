@@ -80,8 +80,9 @@ def test_runs_of_several_seeds_are_one_row_paired_question_by_question(tmp_path)
     readme = write(tmp_path).read_text()
     table = readme.split("(`tab:peers`)")[1].split("\n## ")[0]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if "| smollm2" in line]
-    assert [(row[2], row[3], row[-3], row[-2]) for row in rows] == [
-        ("memdefrag_top2", "30.0 [19.9, 42.5]", "60", "2"), ("epic_top2", "43.3 [31.6, 55.9]", "60", "2")]
+    assert [(row[2], row[3], row[-4], row[-3], row[-2]) for row in rows] == [     # each seed's accuracy beside
+        ("memdefrag_top2", "30.0 [19.9, 42.5]", "60", "2", "30.0 / 30.0"),
+        ("epic_top2", "43.3 [31.6, 55.9]", "60", "2", "43.3 / 43.3")]
     assert "43.3 % against 30.0 %, +13.3 points (McNemar's exact p 0.0078, 60 questions)" in readme
 
 
@@ -314,3 +315,17 @@ def test_a_claim_names_its_rows_records_as_the_tables_key_them(tmp_path):
     rows = keyed("locomo", [(("smollm2", "protocol=locomo", "memdefrag_top1"), "records")])
     assert rows == {claim.key("memdefrag_top1"): "records"}
     assert comparisons.keyed is keyed and 'keyed("locomo"' in inspect.getsource(report.locomo_sections)
+
+
+def test_a_pooled_row_shows_each_seeds_accuracy_at_its_last_step_in_seed_order():
+    """The seeds' distractor sets differ, which a pooled interval leaves out: their last-step accuracies, seed 42's
+    first whatever the order of the records; one seed: nothing to show."""
+    import pandas as pd
+
+    from harness.report.comparisons import by_seed
+
+    frame = pd.DataFrame([{"seed": seed, "group": g, "step": step, "correct": correct}
+                          for seed, right in ((44, 0), (42, 3)) for g in range(4)
+                          for step, correct in ((1, True), (20, g < right))])
+    assert by_seed(frame) == "75.0 / 0.0"
+    assert by_seed(frame[frame["seed"] == 42]) == ""

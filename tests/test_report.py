@@ -72,7 +72,7 @@ def test_report_builds_what_exists_and_names_what_does_not(tmp_path):
     assert "[p/t](p/t/tracing.md): smollm2, text, chat prompt, shared_sink, 2 groups, target at positions 1/2, " \
            "one per group" in readme
     runtime = readme.split("(`tab:runtime`)")[0].split("## ")[-1] + readme.split("(`tab:runtime`)")[1].split("\n## ")[0]
-    assert "Time per group (s); dtype bfloat16; groups None; N_max 12800; " in runtime    # what every row shares
+    assert "Time per group (s); dtype bfloat16; groups unrecorded; N_max 12800; " in runtime   # what all rows share
     assert ("Each row's settings where the rows differ: nqa (llama31_8b, cuda:0): threads 1; squad (llama31_8b, "
             "cuda:0): threads 4.") in runtime
     assert "; formation_batch solo; " in runtime              # a run made before the setting formed alone
@@ -235,7 +235,7 @@ def test_the_recommended_tracer_layer_shows_its_sweeps_intervals(tmp_path, monke
     assert rows["smollm2"] == ["1", "last", "1.00 [1.00, 1.00]", "100.00 [34.24, 100.00]", swept, "mean_rank",
                                "sweep"]
     assert rows["other"][2:4] == ["2.5", "40.0"] and rows["other"][-1] == "not among these results: no interval"
-    assert "\n- smollm2: `nqa` (groups 0-1 of 3)\n" in table and "squad" not in table
+    assert "\n- smollm2: `nqa` (2 of its 3 groups)\n" in table and "squad" not in table
 
 
 def test_a_seconds_table_says_under_what_its_columns_were_timed_and_where_they_differ(tmp_path):
@@ -339,7 +339,8 @@ def test_locomo_gets_a_table_per_model_and_protocol_its_rows_named_by_what_diffe
     assert re.search(r"\| method +\| gemma3_270m +\| smollm2 +\|", single)
     assert re.search(r"\| none +\| +\| 37.5 \[37.5, 37.5\] +\|", single)
     assert re.search(r"\| vanilla +\| 37.5 \[37.5, 37.5\] † \(1 conversation\) +\| 37.5 \[37.5, 37.5\] +\|", single)
-    assert "gemma3_270m: every question, N_max 12,800; smollm2: every question, N_max 12,800." in single
+    assert "gemma3_270m: all/all/all/all/all questions of categories 1/2/3/4/5 (N_max 12,800); smollm2: all/all/all/" \
+           "all/all questions of categories 1/2/3/4/5 (N_max 12,800)." in single
     smollm2 = readme.split("## LoCoMo on smollm2 under protocol=locomo: ")[1].split("\n## ")[0]
     assert smollm2.splitlines()[0].endswith("per question (`tab:locomo_smollm2_locomo`)")     # nothing shared
     rows = [line.split("|")[2].strip() for line in smollm2.splitlines() if re.match(r"\| +4 \|", line)]

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from evals.stats import (CONFIDENCE, bootstrap_mean, fewest_groups, grouped_wilson, mcnemar, paired_difference, resolves, wilson,
-                          with_interval)
+from evals.stats import (CONFIDENCE, bootstrap_mean, design_effect, fewest_groups, grouped_wilson, mcnemar,
+                          paired_difference, resolves, wilson, with_interval)
 
 
 @pytest.mark.parametrize("k, n, low, high", [(5, 10, 0.2366, 0.7634), (0, 10, 0.0, 0.2775),  # Newcombe (1998)
@@ -28,19 +28,28 @@ def test_wilson_of_nothing_is_no_interval():
     assert all(math.isnan(v) for v in wilson(0, 0)) and with_interval(math.nan, *wilson(0, 0)) == ""
 
 
-def test_a_grouped_rate_counts_its_groups_as_far_as_they_agree_within():
-    """One observation a group: Wilson's interval itself. Groups that agree within (all hit or all miss): the
-    interval of one observation a group. Every observation alike: one a group too. Groups that differ no more
-    within than between: near Wilson's over every observation."""
+def test_the_design_effect_counts_groups_as_far_as_their_observations_agree_within():
+    """One observation a group: a binomial's variance (with G/(G-1)). Groups that agree within (all hit or all miss):
+    each group counts once, m observations as one. Every observation alike, or one group: not measurable."""
     one_each = np.array([1, 0, 0, 1, 1, 0, 0, 0, 1, 0])
-    assert grouped_wilson(one_each, np.arange(10)) == pytest.approx(wilson(4, 10))
-    agreeing = np.repeat(one_each, 20)
-    assert grouped_wilson(agreeing, np.repeat(np.arange(10), 20)) == pytest.approx(wilson(4, 10))
-    assert grouped_wilson(np.ones(200), np.repeat(np.arange(10), 20)) == pytest.approx(wilson(10, 10))
-    mixed = np.tile([1, 0, 1, 0, 0], 40)                             # every group of 20 holds 8 hits
-    low, high = grouped_wilson(mixed, np.repeat(np.arange(10), 20))
-    assert (low, high) == pytest.approx(wilson(80, 200))             # no variance between groups: design effect 1
-    assert wilson(4, 10)[1] - wilson(4, 10)[0] > high - low
+    assert design_effect(one_each, np.arange(10)) == pytest.approx(10 / 9)
+    agreeing, groups = np.repeat(one_each, 20), np.repeat(np.arange(10), 20)
+    assert design_effect(agreeing, groups) == pytest.approx(20 * 10 / 9)
+    assert grouped_wilson(agreeing, groups) == pytest.approx(wilson(4 * 0.9, 9))      # 200 counted as 9
+    assert design_effect(np.ones(200), groups) is None and design_effect(one_each, np.zeros(10)) is None
+    assert grouped_wilson(np.ones(200), groups) == pytest.approx(wilson(200, 200))      # nothing measured: 1
+    mixed = np.tile([1, 0, 1, 0, 0], 40)                             # every group of 20 holds 8 hits: no more
+    assert grouped_wilson(mixed, groups) == pytest.approx(wilson(80, 200))   # than a binomial between them
+
+
+def test_rates_of_one_table_sharing_a_design_effect_keep_their_order_at_0_and_100_percent():
+    """100 of 100 and 99 of 100, 0 of 100 and 1 of 100, ten groups, under one design effect: the interval of the
+    higher rate lies higher at both ends (a per-rate effect, unmeasurable at 0 and 1, would swap them)."""
+    groups = np.repeat(np.arange(10), 10)
+    for design in (1.0, 3.0):
+        bounds = [grouped_wilson(np.r_[np.ones(k), np.zeros(100 - k)], groups, design) for k in (0, 1, 99, 100)]
+        assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(bounds, bounds[1:])), bounds
+    assert grouped_wilson(np.ones(100), groups, 3.0) == pytest.approx(wilson(100 / 3, 100 / 3))
 
 
 @pytest.mark.parametrize("b, c, p", [(0, 6, 2 * 0.5 ** 6), (1, 5, 2 * 7 / 64), (4, 4, 1.0), (0, 0, 1.0),

@@ -40,7 +40,7 @@ from methods.generation import greedy, stop_ids
 from methods.memory import LatentMemory
 from methods.attention.decoder import DecoderError
 from methods.attention.positions import RotaryError
-from methods.backends.support import UNSUPPORTED, alternative
+from methods.backends.support import UNSUPPORTED, way_out
 from methods.prompting import format_prompt
 from methods.attention.tracing import QueryMode, densities
 
@@ -55,16 +55,6 @@ FLOAT32_TOLERANCE = 1e-4
 # was 0.93-1.17x the reference's in logits and 0.43-1.37x in densities; a position off by one put it 7-126x
 # (logits) and 3.7-102x (densities) past it, a wrong rotary base 20-224x and 14-434x (tests/test_selfcheck.py)
 MARGIN = 2.0
-FALLBACK = "use backend=hidden_prefix (the paper's formulation, slower) for this model"
-
-
-def way_out(backend_class, model_config) -> str:
-    """What a refusal of `backend_class` offers: the other backend where its own check holds the model, else that
-    neither backend runs it, and why the other does not."""
-    other, refused = alternative(backend_class, model_config)
-    if refused is not None:
-        return f"neither can backend={other.name}, which {refused}"
-    return FALLBACK if other is HiddenPrefixBackend else f"use backend={other.name} for this model"
 VERDICT_KEYS = {"exact", "model_type", "dtype", "truth", "fast_logits_error", "fast_density_error", "tie_gap"}
 
 
@@ -137,7 +127,6 @@ def tie_gap(fast: Outcome, truth: Outcome) -> float | None:
     return float(truth.gaps[next((i for i, (a, b) in enumerate(pairs) if a != b), len(pairs))])
 
 
-@torch.no_grad()
 def compared(model, tokenizer, *args) -> dict:
     """compare(), a model the fast backend turns out not to hold once loaded (a rotation its keys cannot be traced
     to, RotaryError) refused in one line, with the way out (way_out)."""
@@ -147,6 +136,7 @@ def compared(model, tokenizer, *args) -> dict:
         raise ConfigError(f"backend=fast: {err}: {way_out(KVPrefixBackend, model.config)}") from None
 
 
+@torch.no_grad()
 def compare(model, tokenizer, texts=FRAGMENTS, order=(1, 0), question=QUESTION, prompt="plain",
             answer_tokens: int = 4) -> dict:
     """Both backends in the model's dtype on `texts` stored in turn, then arranged in `order` (reversed by
@@ -216,7 +206,7 @@ def verify(backend, tokenizer, spec: ModelSpec) -> dict | None:
             f"{verdict['fast_logits_error']:.3g} (allowed {verdict['logits_bound']:.3g}), its densities by "
             f"{verdict['fast_density_error']:.3g} (allowed {verdict['density_bound']:.3g})"
             f"{'' if verdict['fast_answer_as_truth'] else ', its greedy answer differs'} "
-            f"(self-check, {path}); {FALLBACK}")
+            f"(self-check, {path}); {way_out(KVPrefixBackend, model.config)}")
     return verdict
 
 
@@ -269,8 +259,9 @@ def main(argv: list[str] | None = None) -> None:
                 parser.error(f"--model {args.model}{f' --source {args.source}' if args.source else ''}: "
                              f"{str(err).splitlines()[0]} (--model names a file in conf/model/; --model hf takes "
                              f"its weights from --source)")
+        model_config = check_source(spec)[0]
         for backend_class in (KVPrefixBackend, HiddenPrefixBackend):   # the two it compares, refused before load
-            refuse_unsupported(backend_class, check_source(spec)[0])
+            refuse_unsupported(backend_class, model_config)
         model, tokenizer = load(spec)
         name, prompt = args.model, spec.prompt
     group = Retention(args.dataset, args.data_dir, groups=1, updates=args.fragments).groups(tokenizer)[0]

@@ -127,7 +127,7 @@ def set_where(message: str, what: str, node: DictConfig | None) -> str:
     raw = OmegaConf.to_container(node, resolve=False)
     for part in found[1].split("."):
         raw = raw.get(part) if isinstance(raw, dict) else None
-    source = re.fullmatch(r"\$\{([\w.]+)\}", raw) if isinstance(raw, str) else None
+    source = re.fullmatch(r"\$\{([A-Za-z_][\w.]*)\}", raw) if isinstance(raw, str) else None   # an absolute key
     return f"{message} ({what}.{found[1]} is ${{{source[1]}}}: set {source[1]})" if source else message
 
 

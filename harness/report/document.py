@@ -189,15 +189,17 @@ def timed_at(runs: list[Run], labels: list[str]) -> str:
     """Under what the columns' seconds were measured (run.json: the commit, threads, the device; the run's
     reuse_formed): what all share once, what differs per column, and a warning where anything does (a difference
     between two columns may then be the code's or the machine's) or where a formation may have been served."""
-    fields = {"commit": lambda r: (r.info.get("git") or "unknown")[:8], "threads": lambda r: r.info.get("threads"),
-              "device": lambda r: r.device or "unnamed", "reuse_formed": lambda r: r.config.get("reuse_formed")}
+    fields = {"commit": lambda r: r.info["git"][:8] if r.info.get("git") else None,
+              "threads": lambda r: r.info.get("threads"), "device": lambda r: r.device,
+              "reuse_formed": lambda r: r.config.get("reuse_formed")}
     shared, differing = [], []
     for name, of in fields.items():
         per_column: dict[str, list[str]] = {}
         for run, label in zip(runs, labels):
             per_column.setdefault(label, [])
-            if str(of(run)) not in per_column[label]:
-                per_column[label].append(str(of(run)))
+            value = "unrecorded" if of(run) is None else str(of(run))
+            if value not in per_column[label]:
+                per_column[label].append(value)
         if len({v for values in per_column.values() for v in values}) == 1:
             shared.append(f"{name} {next(iter(per_column.values()))[0]}")
         else:
@@ -234,9 +236,11 @@ def probe_section(root, runs) -> Section:
                       f"{run.config['prompt']} prompt, {run.config['formation']}, {placements(records)}")
     return Section(label, title, pd.concat(frames, ignore_index=True).round(2),
                    after="Mean rank with its 95 % bootstrap interval over groups, Top-k with its Wilson interval over "
-                         "the effective number of probes (a group's probes share its fragments). "
+                         "the effective number of probes (a group's probes share its target and memory; one design "
+                         f"effect per run). {SHARED_DISTRACTORS} "
                          "`in_band`: the layer lies in floor(L/3)..ceil(L/2), where the paper (App. F) looks for the "
-                         "tracer layer (blank where a run probed a list of layers, which does not give L). The runs, each with its every layer, best first:\n\n"
+                         "tracer layer (blank where a run probed a list of layers, which does not give L). The runs, "
+                         "each with its every layer, best first:\n\n"
                          + "\n".join(f"- {line}" for line in legend))
 
 
@@ -304,7 +308,8 @@ def study_table(runs, study: str, value, per_group: bool) -> tuple[pd.DataFrame,
     def setting(run: Run, key: str) -> str:
         if key == "N_max":
             return f"{run.config['model'].get('memory_capacity') or 'unbounded'}"
-        return str(run.info.get(key, BEFORE_THE_SETTING.get(key)))
+        value = run.info.get(key, BEFORE_THE_SETTING.get(key))
+        return "unrecorded" if value is None else str(value)
 
     keys = ("dtype", "threads", "groups", "N_max", "decode", "formation_batch", "reuse_formed")
     rows = {key: {name: sorted({setting(r, key) for r, row in zip(chosen, frame["dataset"]) if row == name})
@@ -350,8 +355,9 @@ def runtime_section(runs) -> tuple[Section, Section]:
                          "MemoryLLM 64.19, M+ 87.24, Top-1 75.07, Top-2 76.49, Top-all 103.67; SQuAD vanilla 60.11, "
                          "Top-1 79.23, Top-2 81.01, Top-all 107.95.")
     if peaks is not None:
-        memory.after += ("`none`: no memory read, the memory still stored and forgotten as for the others (the "
-                         "paper's 'weights and memory'). The paper's (Llama-3.1-8B-Instruct, NaturalQA, step 50, N_max 12,800): weights and memory "
+        memory.after += ("`none` reads no memory and holds no latent memory: the weights and a question's "
+                         "activations alone, not the paper's 'weights and memory', which holds the memory too. "
+                         "The paper's (Llama-3.1-8B-Instruct, NaturalQA, step 50, N_max 12,800): weights and memory "
                         "18.11, vanilla 23.03, Top-2 19.73. "
                         "On a GPU the CUDA allocator's peak of each run; on a CPU the process's peak RSS, which "
                         "covers every job a process ran before (run a sweep with hydra/launcher=local for one "
@@ -528,22 +534,28 @@ def asked(runs: list[Run]) -> str:
     per_model = {}
     for run in runs:
         if protocol_of(run) == "protocol=locomo":
-            questions, capacity = run.config["task"].get("questions"), run.config["model"].get("memory_capacity")
-            sample = "every question" if questions is None else f"a seeded {questions} questions of each category" \
-                if isinstance(questions, int) else f"a seeded {questions} questions of categories 1-5"
+            task, capacity = run.config["task"], run.config["model"].get("memory_capacity")
+            questions, categories = task.get("questions"), task.get("categories") or list(range(1, 6))
+            each = questions if isinstance(questions, list) else [questions] * 5        # one number per category
+            counts = "/".join("all" if each[c - 1] is None else str(each[c - 1]) for c in categories)
+            sample = f"{counts} questions of categor{'y' if len(categories) == 1 else 'ies'} " \
+                + "/".join(map(str, categories))
             bound = f"{capacity:,}" if capacity else "unbounded"
-            per_model.setdefault(run.model, set()).add(f"{sample}, N_max {bound}")
+            per_model.setdefault(run.model, set()).add(f"{sample} (N_max {bound})")
+    if not per_model:
+        return ""
     return ("Asked per conversation (LoCoMo's own evaluation asks every question with the whole conversation in "
-            "context; these runs ask over the memory each method forms of it, forgetting past N_max): "
+            "context; these runs ask that many of each category, a seeded sample, over the memory each method "
+            "forms of it, forgetting past N_max): "
             + "; ".join(f"{model}: {' or '.join(sorted(what))}" for model, what in sorted(per_model.items())) + ".")
 
 
 LOCOMO_NOTES = ("F1: LoCoMo's own score (evals/locomo_scoring.py) with its 95 % bootstrap interval resampling "
                 "conversations (category 5, adversarial: LoCoMo's 0 or 100, 100 where the reply says the "
-                "information is not there); f1 authors: the MemDefrag authors' (LongBench's qa_f1_score); accuracy: the gold, "
-                "cut as LoCoMo's score cuts it, inside the scored reply, Wilson interval; evidence hit: an evidence "
-                "session among the fragments read (methods that choose); evidence rank: its best rank under what "
-                "ranked (`ranked by`: attention density, or a retriever's own score).")
+                "information is not there); f1 authors: the MemDefrag authors' (LongBench's qa_f1_score); "
+                "accuracy: the gold, cut as LoCoMo's score cuts it, inside the scored reply, Wilson interval; "
+                "evidence hit: an evidence session among the fragments read (methods that choose); evidence rank: "
+                "its best rank under what ranked (`ranked by`: attention density, or a retriever's own score).")
 
 
 def single_hop_table(points: pd.DataFrame) -> pd.DataFrame:
@@ -586,9 +598,9 @@ def tracer_summary_section(root: Path, runs: list[Run]) -> Section:
             overlaps.append(f"- {model}: {also}")
     section.table = pd.DataFrame(rows).set_index("model")
     section.after = ("Mean rank of the target with its 95 % bootstrap interval over groups, Top-1 with its Wilson "
-                     "interval over the effective number of probes (a group's probes share its fragments), at the "
-                     "recorded layer and query mode of the sweep's run; `selected_by`: what chose that row of the "
-                     "sweep (`memdefrag tracer-sweep task.select_by=...`).")
+                     "interval over the effective number of probes (a group's probes share its target and memory), "
+                     "at the recorded layer and query mode of the sweep's run; `selected_by`: what chose that row of "
+                     "the sweep (`memdefrag tracer-sweep task.select_by=...`).")
     if overlaps:
         section.after += ("\n\nThe layer was chosen on targets that these runs of the same model ask too: their "
                           "first groups are drawn as the sweep's were (the same data set, seed and context cut), so "
@@ -598,22 +610,24 @@ def tracer_summary_section(root: Path, runs: list[Run]) -> Section:
 
 
 def also_asked(sweep: Run, runs: list[Run], root: Path) -> str:
-    """The folders (their parents below `root`, with how many of their groups) of `sweep`'s model's runs, probes
-    aside, that draw their groups as the sweep did (evals.probe draws through evals.retention: data set, seed and context cut),
-    so that their first groups hold the targets the tracer layer was chosen on; '' where none does."""
+    """The folders (their parents below `root`) of `sweep`'s model's runs, probes aside, that draw their groups as
+    the sweep did (evals.probe draws through evals.retention: data set, seed and context cut), with how many of
+    their groups hold the targets the tracer layer was chosen on; '' where none does."""
     def draw(run: Run) -> tuple:
         task = run.config["task"]
-        return task.get("dataset"), task.get("seed"), task.get("max_context_tokens")
+        return task.get("dataset"), task.get("seed", 42), task.get("max_context_tokens", 512)   # Retention's defaults
 
-    overlap: dict[str, int] = {}
+    swept = {r.get("group") for r in sweep.records}
+    overlap: dict[str, tuple[int, int]] = {}
     for run in runs:
         if run.model == sweep.model and "tab:retrieval_layers" not in run.tables and "groups" in run.config["task"] \
                 and draw(run) == draw(sweep):
-            where = str(run.folder.relative_to(root).parent)
-            overlap[where] = max(overlap.get(where, 0), len({r.get("group") for r in run.records}))
-    swept = len({r.get("group") for r in sweep.records})
-    return "; ".join(f"`{where}` ({'group 0 of' if min(swept, groups) == 1 else f'groups 0-{min(swept, groups) - 1} of'}"
-                     f" {groups})" for where, groups in sorted(overlap.items()))
+            asked = {r.get("group") for r in run.records}
+            where, shared = str(run.folder.relative_to(root).parent), len(asked & swept)
+            if shared:                       # a folder's runs (its methods) ask the same groups: the most of them
+                overlap[where] = max(overlap.get(where, (0, 0)), (shared, len(asked)))
+    return "; ".join(f"`{where}` ({shared} of its {asked} group{'s' * (asked != 1)})"
+                     for where, (shared, asked) in sorted(overlap.items()))
 
 
 def sweep_of(runs: list[Run], model: str, choice: dict) -> tuple[Run, pd.DataFrame] | None:

@@ -19,3 +19,14 @@ def alternative(backend_class: type, model_config) -> tuple[type, str | None]:
     except UNSUPPORTED as err:
         return other, str(err)
     return other, None
+
+
+def way_out(backend_class: type, model_config, named=lambda backend: f"backend={backend.name}") -> str:
+    """What a refusal of `backend_class` offers: the other backend where its own check holds the model, else that
+    neither runs it and why the other does not; each backend `named` as its reader sets it (the command line's
+    `backend=...`, a library's class)."""
+    other, refused = alternative(backend_class, model_config)
+    if refused is not None:
+        return f"neither can {named(other)}, which {refused}"
+    slower = " (the paper's formulation, slower)" if other is HiddenPrefixBackend else ""
+    return f"use {named(other)}{slower} for this model"
