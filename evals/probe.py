@@ -12,12 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 
-import numpy as np
 import pandas as pd
 
 from evals.datasets import Dataset
 from evals.retention import Group, Retention
-from evals.stats import bootstrap_mean, design_effect, grouped_wilson
+from evals.stats import bootstrap_mean, grouped_wilson
 from methods.errors import ConfigError
 from methods.attention.decoder import num_layers
 from methods.attention.tracing import QueryMode, densities, ranks
@@ -133,24 +132,18 @@ def best_row(table: pd.DataFrame, select_by: str = "mean_rank") -> pd.Series:
 def tracing_table(records: list[dict]) -> pd.DataFrame:
     """Per query mode and layer: mean rank of the target with its 95 % bootstrap interval over groups (a group's
     probes share its target and its memory), and Top-k tracing accuracy (%) with its Wilson interval over the
-    effective number of probes (stats.grouped_wilson, for the same reason; one design effect for the whole table,
-    the median of its rows', so that its intervals keep the order of their rates), best first."""
+    effective number of probes (stats.grouped_wilson, for the same reason), best first."""
     groups = [r.get("group", i) for i, r in enumerate(records)]
-    ranks = {mode: pd.DataFrame([r["ranks"][mode] for r in records],      # probes x layers
-                                columns=records[0].get("layers", range(len(records[0]["ranks"][mode]))))
-             for mode in QueryMode}
-    hits = {(mode, layer, k): (ranks[mode][layer] <= k).to_numpy() for mode in QueryMode for layer in ranks[mode]
-            for k in TOP}
-    measured = [d for d in (design_effect(h, groups) for h in hits.values()) if d is not None]
-    design = float(np.median(measured)) if measured else None
     rows = []
     for mode in QueryMode:
-        for layer in ranks[mode].columns:
-            mean, low, high = bootstrap_mean(ranks[mode][layer].to_numpy(float), groups)
+        ranks = pd.DataFrame([r["ranks"][mode] for r in records],      # probes x layers
+                             columns=records[0].get("layers", range(len(records[0]["ranks"][mode]))))
+        for layer in ranks.columns:
+            mean, low, high = bootstrap_mean(ranks[layer].to_numpy(float), groups)
             tops = {}
             for k in TOP:
-                found = hits[mode, layer, k]
-                bounds = grouped_wilson(found, groups, design)
+                found = (ranks[layer] <= k).to_numpy()
+                bounds = grouped_wilson(found, groups)
                 tops |= {f"top{k}": 100 * found.mean(), f"top{k} low": 100 * bounds[0],
                          f"top{k} high": 100 * bounds[1]}
             rows.append({"query_mode": mode, "layer": int(layer), "mean_rank": mean, "mean_rank low": low,

@@ -56,17 +56,15 @@ def design_effect(hits: np.ndarray, groups: np.ndarray) -> float | None:
     return between / (rate * (1 - rate) / n)
 
 
-def grouped_wilson(hits: np.ndarray, groups: np.ndarray, design: float | None = None,
-                   confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Wilson's interval of a rate over grouped observations, over the effective number of them: n over the design
-    effect, at least 1. `design`: one measured over many rates of the same groups (a table's rows, so that every
-    row has the same and their intervals keep the order of their rates, at 0 % and 100 % too); else this rate's
-    own (design_effect), or 1 where it cannot be measured."""
+def grouped_wilson(hits: np.ndarray, groups: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Wilson's interval of a rate over grouped observations over their effective number, n over the rate's own
+    design effect (design_effect), at least 1; where it cannot be measured (a rate of 0 or 1, one group) it is 1,
+    as Korn and Graubard (1998) take it, so that an interval at 0 % or 100 % is no wider than one just inside."""
     hits = np.asarray(hits, dtype=float)
-    if design is None:
-        design = design_effect(hits, groups) or 1.0
-    effective = len(hits) / max(1.0, design)
-    return wilson(float(hits.mean()) * effective, effective, confidence) if len(hits) else (math.nan, math.nan)
+    if not len(hits):
+        return math.nan, math.nan
+    effective = len(hits) / max(1.0, design_effect(hits, groups) or 1.0)
+    return wilson(float(hits.mean()) * effective, effective, confidence)
 
 
 def mcnemar(only_first: int, only_second: int) -> float:

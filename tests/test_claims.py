@@ -81,8 +81,8 @@ def test_runs_of_several_seeds_are_one_row_paired_question_by_question(tmp_path)
     table = readme.split("(`tab:peers`)")[1].split("\n## ")[0]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if "| smollm2" in line]
     assert [(row[2], row[3], row[-4], row[-3], row[-2]) for row in rows] == [     # each seed's accuracy beside
-        ("memdefrag_top2", "30.0 [19.9, 42.5]", "60", "2", "30.0 / 30.0"),
-        ("epic_top2", "43.3 [31.6, 55.9]", "60", "2", "43.3 / 43.3")]
+        ("memdefrag_top2", "30.0 [19.9, 42.5]", "60", "2", "42: 30.0 / 43: 30.0"),
+        ("epic_top2", "43.3 [31.6, 55.9]", "60", "2", "42: 43.3 / 43: 43.3")]
     assert "43.3 % against 30.0 %, +13.3 points (McNemar's exact p 0.0078, 60 questions)" in readme
 
 
@@ -318,14 +318,15 @@ def test_a_claim_names_its_rows_records_as_the_tables_key_them(tmp_path):
 
 
 def test_a_pooled_row_shows_each_seeds_accuracy_at_its_last_step_in_seed_order():
-    """The seeds' distractor sets differ, which a pooled interval leaves out: their last-step accuracies, seed 42's
-    first whatever the order of the records; one seed: nothing to show."""
+    """The seeds' distractor sets differ, which a pooled interval leaves out: each seed's accuracy at its last step,
+    named, in seed order whatever the order of the records, the step said where a seed stopped early; one seed:
+    nothing to show."""
     import pandas as pd
 
     from harness.report.comparisons import by_seed
 
     frame = pd.DataFrame([{"seed": seed, "group": g, "step": step, "correct": correct}
-                          for seed, right in ((44, 0), (42, 3)) for g in range(4)
-                          for step, correct in ((1, True), (20, g < right))])
-    assert by_seed(frame) == "75.0 / 0.0"
+                          for seed, right, last in ((44, 0, 20), (42, 3, 20), (43, 1, 10)) for g in range(4)
+                          for step, correct in ((1, True), (last, g < right))])
+    assert by_seed(frame) == "42: 75.0 / 43: 25.0 (step 10) / 44: 0.0"      # seed 43 stopped at step 10
     assert by_seed(frame[frame["seed"] == 42]) == ""

@@ -339,8 +339,8 @@ def test_locomo_gets_a_table_per_model_and_protocol_its_rows_named_by_what_diffe
     assert re.search(r"\| method +\| gemma3_270m +\| smollm2 +\|", single)
     assert re.search(r"\| none +\| +\| 37.5 \[37.5, 37.5\] +\|", single)
     assert re.search(r"\| vanilla +\| 37.5 \[37.5, 37.5\] † \(1 conversation\) +\| 37.5 \[37.5, 37.5\] +\|", single)
-    assert "gemma3_270m: all/all/all/all/all questions of categories 1/2/3/4/5 (N_max 12,800); smollm2: all/all/all/" \
-           "all/all questions of categories 1/2/3/4/5 (N_max 12,800)." in single
+    assert "gemma3_270m: every question of categories 1/2/3/4/5 (N_max 12,800); smollm2: every question of " \
+           "categories 1/2/3/4/5 (N_max 12,800)." in single
     smollm2 = readme.split("## LoCoMo on smollm2 under protocol=locomo: ")[1].split("\n## ")[0]
     assert smollm2.splitlines()[0].endswith("per question (`tab:locomo_smollm2_locomo`)")     # nothing shared
     rows = [line.split("|")[2].strip() for line in smollm2.splitlines() if re.match(r"\| +4 \|", line)]

@@ -86,11 +86,16 @@ def finished_records(run: Run) -> pd.DataFrame:
 
 
 def by_seed(frame: pd.DataFrame) -> str:
-    """Accuracy (%) at the last step per seed, in seed order (`43.3 / 56.7 / 0.0`); '' for one seed. The seeds'
-    distractor sets differ, which the pooled Wilson interval, taking every question as independent, leaves out."""
-    last = frame[frame["step"] == frame["step"].max()]
-    shares = last.groupby("seed", sort=True)["correct"].mean()
-    return " / ".join(f"{100 * share:.1f}" for share in shares) if len(shares) > 1 else ""
+    """Accuracy (%) at each seed's last step, seed by seed (`42: 43.3 / 43: 56.7 / 44: 0.0`), that step named where
+    it is not the row's last; '' for one seed. The seeds' distractor sets differ, which the pooled Wilson interval,
+    taking every question as independent, leaves out."""
+    last = frame["step"].max()
+    cells = []
+    for seed, answers in frame.groupby("seed", sort=True, dropna=False):
+        step = answers["step"].max()
+        share = answers.loc[answers["step"] == step, "correct"].mean()
+        cells.append(f"{seed}: {100 * share:.1f}" + ("" if step == last else f" (step {step})"))
+    return " / ".join(cells) if len(cells) > 1 else ""
 
 
 def accuracy_by_step(frame: pd.DataFrame) -> dict:

@@ -219,7 +219,7 @@ def probe_section(root, runs) -> Section:
     if not chosen:
         return Section(label, title, missing="no runs yet: memdefrag experiment=probe")
     frames, legend = [], []
-    for run in chosen:
+    for run in (r for r in chosen if r.records):
         records = run.records
         table = with_bounds(tracing_table(records).groupby("query_mode").head(5))
         layers = records[0]["layers"]
@@ -236,8 +236,9 @@ def probe_section(root, runs) -> Section:
                       f"{run.config['prompt']} prompt, {run.config['formation']}, {placements(records)}")
     return Section(label, title, pd.concat(frames, ignore_index=True).round(2),
                    after="Mean rank with its 95 % bootstrap interval over groups, Top-k with its Wilson interval over "
-                         "the effective number of probes (a group's probes share its target and memory; one design "
-                         f"effect per run). {SHARED_DISTRACTORS} "
+                         "the effective number of probes (a group's probes share its target and memory). Every group "
+                         "stores the same distractors in the same order, its target moved through the positions: an "
+                         "interval covers the targets drawn, for that one set of distractors. "
                          "`in_band`: the layer lies in floor(L/3)..ceil(L/2), where the paper (App. F) looks for the "
                          "tracer layer (blank where a run probed a list of layers, which does not give L). The runs, "
                          "each with its every layer, best first:\n\n"
@@ -355,8 +356,10 @@ def runtime_section(runs) -> tuple[Section, Section]:
                          "MemoryLLM 64.19, M+ 87.24, Top-1 75.07, Top-2 76.49, Top-all 103.67; SQuAD vanilla 60.11, "
                          "Top-1 79.23, Top-2 81.01, Top-all 107.95.")
     if peaks is not None:
-        memory.after += ("`none` reads no memory and holds no latent memory: the weights and a question's "
-                         "activations alone, not the paper's 'weights and memory', which holds the memory too. "
+        memory.after += ("`none` reads no memory and keeps no latent memory: its peak is the weights and the "
+                         "largest forward it ran (a question's, or a stored fragment's, which informativeness "
+                         "forgetting runs to score its tokens), not the paper's 'weights and memory', which holds the "
+                         "memory too. "
                          "The paper's (Llama-3.1-8B-Instruct, NaturalQA, step 50, N_max 12,800): weights and memory "
                         "18.11, vanilla 23.03, Top-2 19.73. "
                         "On a GPU the CUDA allocator's peak of each run; on a CPU the process's peak RSS, which "
@@ -535,18 +538,18 @@ def asked(runs: list[Run]) -> str:
     for run in runs:
         if protocol_of(run) == "protocol=locomo":
             task, capacity = run.config["task"], run.config["model"].get("memory_capacity")
-            questions, categories = task.get("questions"), task.get("categories") or list(range(1, 6))
+            questions, categories = task.get("questions"), sorted(task.get("categories") or range(1, 6))
             each = questions if isinstance(questions, list) else [questions] * 5        # one number per category
-            counts = "/".join("all" if each[c - 1] is None else str(each[c - 1]) for c in categories)
-            sample = f"{counts} questions of categor{'y' if len(categories) == 1 else 'ies'} " \
-                + "/".join(map(str, categories))
+            which = f"categor{'y' if len(categories) == 1 else 'ies'} {'/'.join(map(str, categories))}"
+            counts = [each[c - 1] for c in categories]
+            sample = f"every question of {which}" if all(n is None for n in counts) else \
+                f"a seeded {'/'.join('all' if n is None else str(n) for n in counts)} questions of {which}"
             bound = f"{capacity:,}" if capacity else "unbounded"
             per_model.setdefault(run.model, set()).add(f"{sample} (N_max {bound})")
     if not per_model:
         return ""
     return ("Asked per conversation (LoCoMo's own evaluation asks every question with the whole conversation in "
-            "context; these runs ask that many of each category, a seeded sample, over the memory each method "
-            "forms of it, forgetting past N_max): "
+            "context; these runs ask over the memory each method forms of it, forgetting past N_max): "
             + "; ".join(f"{model}: {' or '.join(sorted(what))}" for model, what in sorted(per_model.items())) + ".")
 
 

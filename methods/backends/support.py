@@ -13,7 +13,7 @@ UNSUPPORTED = (RotaryError, DecoderError)       # what a backend's check raises 
 
 def alternative(backend_class: type, model_config) -> tuple[type, str | None]:
     """The other backend, and why its own check refuses this model too (None where it holds it)."""
-    other = HiddenPrefixBackend if backend_class is KVPrefixBackend else KVPrefixBackend
+    other = HiddenPrefixBackend if issubclass(backend_class, KVPrefixBackend) else KVPrefixBackend
     try:
         other.check(model_config)
     except UNSUPPORTED as err:
