@@ -41,17 +41,22 @@ def wilson(successes: float, n: float, confidence: float = CONFIDENCE) -> tuple[
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def group_totals(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per group (in sorted order of `groups`), the sum of its `values` and how many it has."""
+    _, index = np.unique(np.asarray(groups), return_inverse=True)
+    return np.bincount(index, np.asarray(values, dtype=float)), np.bincount(index)
+
+
 def design_effect(hits: np.ndarray, groups: np.ndarray) -> float | None:
     """How much less a rate over observations that come in groups (a probe group's targets share its memory) knows
     than one over as many independent ones: its variance between groups (the ratio estimator's, with G/(G-1))
     against a binomial's of n. None where it cannot be measured: one group, or every observation alike."""
     hits = np.asarray(hits, dtype=float)
-    labels, index = np.unique(np.asarray(groups), return_inverse=True)
-    n, count = len(hits), len(labels)
+    sums, sizes = group_totals(hits, groups)
+    n, count = len(hits), len(sums)
     rate = float(hits.mean()) if n else math.nan
     if count < 2 or not 0 < rate < 1:
         return None
-    sums, sizes = np.bincount(index, hits), np.bincount(index)
     between = count / (count - 1) * float(np.sum((sums - rate * sizes) ** 2)) / n ** 2
     return between / (rate * (1 - rate) / n)
 
@@ -82,9 +87,8 @@ def bootstrap_mean(values: np.ndarray, groups: np.ndarray, resamples: int = 2000
     """(mean, low, high): the mean of per-question `values` and its percentile bootstrap interval, resampling
     whole groups (a group's questions share its memory)."""
     values = np.asarray(values, dtype=float)
-    labels, index = np.unique(np.asarray(groups), return_inverse=True)
-    sums, counts = np.bincount(index, values), np.bincount(index)
-    draws = np.random.default_rng(seed).integers(0, len(labels), size=(resamples, len(labels)))
+    sums, counts = group_totals(values, groups)
+    draws = np.random.default_rng(seed).integers(0, len(sums), size=(resamples, len(sums)))
     means = sums[draws].sum(axis=1) / counts[draws].sum(axis=1)
     tail = (1 - confidence) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail])

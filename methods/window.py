@@ -204,15 +204,17 @@ def check_capacity(config, capacity: int | None, sink: int, prompt: int, budget:
     needed = capacity_positions(memory, sink, prompt, budget)
     if needed > window:
         fits = memory - (needed - window)
-        held, lower = (f"model.memory_capacity={capacity}", f"set model.memory_capacity<={fits}") \
-            if capacity is not None else \
-            (f"{stored[1]} of {memory} tokens in all, none forgotten",
-             f"store fewer or shorter fragments, or forget (e.g. forgetting=informativeness "
-             f"model.memory_capacity={fits})")
+        held = f"model.memory_capacity={capacity}" if capacity is not None else \
+            f"{stored[1]} of {memory} tokens in all, none forgotten"
         if fits < longest:
             lower = (f"no capacity fits, as a fragment of this task takes up to {longest} tokens and the window "
                      f"leaves {max(fits, 0)} for the memory: store shorter fragments, ask for a shorter answer "
                      f"(max_new_tokens), or use a model with a longer window")
+        elif capacity is not None:
+            lower = f"set model.memory_capacity<={fits}"
+        else:
+            lower = (f"store fewer or shorter fragments, or forget (e.g. forgetting=informativeness "
+                     f"model.memory_capacity={fits})")
         raise WindowError(f"{held}: a full memory's read (sink {sink} + {memory} + prompt {prompt} + answer budget "
                           f"{budget} - 1) takes {needed} positions, {needed - window} past model {model}'s trained "
                           f"window of {window}: {lower}, or allow_beyond_window=true to study reads beyond it "

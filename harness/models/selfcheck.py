@@ -59,7 +59,7 @@ VERDICT_KEYS = {"exact", "model_type", "dtype", "truth", "fast_logits_error", "f
 
 
 def refuse_unsupported(backend_class, model_config) -> None:
-    """Before any weights load: what the backend cannot run (the fast one: a family without rotary positions)."""
+    """Before any weights load: what the backend cannot run (its own `check`), with the way out (way_out)."""
     try:
         backend_class.check(model_config)
     except UNSUPPORTED as err:

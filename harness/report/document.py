@@ -30,8 +30,8 @@ from conf.schema import CONF
 from harness.report.migrate import migrate_all, print_migrations
 from harness.report.sections import (BASELINE_STUDIES, DEFAULT_MODEL, RELEASED, SHARED_DISTRACTORS, Run, Section,
                                      bench_table, file_part, in_percent, labelled, named, past_window,
-                                     refuse_repeated_groups, rows_and_caption, run_columns, runs_under, step_records,
-                                     step_table, with_bounds)
+                                     refuse_repeated_groups, rows_and_caption, run_columns, runs_under, settings_apart,
+                                     step_records, step_table, with_bounds)
 from harness.models.tracer_layers import recorded, swept, tracers_file
 from harness.results.summary import accuracy_table, complete_groups
 from methods.window import BEYOND_CELL, BEYOND_MARK
@@ -192,19 +192,10 @@ def timed_at(runs: list[Run], labels: list[str]) -> str:
     fields = {"commit": lambda r: r.info["git"][:8] if r.info.get("git") else None,
               "threads": lambda r: r.info.get("threads"), "device": lambda r: r.device,
               "reuse_formed": lambda r: r.config.get("reuse_formed")}
-    shared, differing = [], []
-    for name, of in fields.items():
-        per_column: dict[str, list[str]] = {}
-        for run, label in zip(runs, labels):
-            per_column.setdefault(label, [])
-            value = "unrecorded" if of(run) is None else str(of(run))
-            if value not in per_column[label]:
-                per_column[label].append(value)
-        if len({v for values in per_column.values() for v in values}) == 1:
-            shared.append(f"{name} {next(iter(per_column.values()))[0]}")
-        else:
-            differing.append(f"{name}: " + "; ".join(f"{label} {'/'.join(v)}" for label, v in per_column.items()))
-    text = "Timed with " + ", ".join(shared) + (". " + ". ".join(differing) if differing else "") + "."
+    shared, differing = settings_apart(runs, labels, fields)
+    text = "Timed with " + ", ".join(shared) + "".join(
+        f". {name}: " + "; ".join(f"{label} {'/'.join(seen)}" for label, seen in per_column.items())
+        for name, per_column in differing.items()) + "."
     if differing:
         text += " The columns were not timed alike: a difference between two may be the code's or the machine's."
     if any(run.config.get("reuse_formed") for run in runs):
@@ -306,19 +297,14 @@ def study_table(runs, study: str, value, per_group: bool) -> tuple[pd.DataFrame,
     order = {label: (*baselines_first(r), label) for r, label in zip(chosen, labels)}
     table = table[sorted(order, key=order.get)]          # the same columns whichever folder a run lies in
     table.columns.name = None
-    def setting(run: Run, key: str) -> str:
+    def setting(key: str):
         if key == "N_max":
-            return f"{run.config['model'].get('memory_capacity') or 'unbounded'}"
-        value = run.info.get(key, BEFORE_THE_SETTING.get(key))
-        return "unrecorded" if value is None else str(value)
+            return lambda run: run.config["model"].get("memory_capacity") or "unbounded"
+        return lambda run: run.info.get(key, BEFORE_THE_SETTING.get(key))
 
     keys = ("dtype", "threads", "groups", "N_max", "decode", "formation_batch", "reuse_formed")
-    rows = {key: {name: sorted({setting(r, key) for r, row in zip(chosen, frame["dataset"]) if row == name})
-                  for name in table.index} for key in keys}
-    shared = [f"{key} {values[0]}" for key in keys
-              if len(values := sorted({v for vs in rows[key].values() for v in vs})) == 1]
-    differing = [key for key in keys if len({v for vs in rows[key].values() for v in vs}) > 1]
-    per_row = [f"{name}: " + ", ".join(f"{key} {'/'.join(rows[key][name])}" for key in differing)
+    shared, differing = settings_apart(chosen, list(frame["dataset"]), {key: setting(key) for key in keys})
+    per_row = [f"{name}: " + ", ".join(f"{key} {'/'.join(sorted(values[name]))}" for key, values in differing.items())
                for name in table.index] if differing else []
     mixed = [label for r, label in zip(chosen, labels) if r.info.get("seconds", {}).get("retimed")]
     return table, "; ".join(shared + ([f"{', '.join(mixed)} resumed under other timing settings, its seconds mixing "

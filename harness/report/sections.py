@@ -186,6 +186,27 @@ def rows_and_caption(runs: list[Run], among: list[Run], titled: tuple[str, ...] 
     return run_labels([r.config for r in runs]), " ".join(f"{k.rsplit('.', 1)[-1]}={mine[0].get(k)}" for k in keys)
 
 
+def settings_apart(runs: list[Run], groups: list[str], fields: dict) -> tuple[list[str], dict[str, dict[str, list]]]:
+    """What `runs` were made under, by `fields` (name -> the run's value; None said as `unrecorded`): the fields
+    every run shares, as `name value`, and each other field's values per group (a table's row or column, `groups`
+    naming each run's), in the order first met."""
+    values: dict[str, dict[str, list]] = {name: {} for name in fields}
+    for run, group in zip(runs, groups):
+        for name, of in fields.items():
+            value = "unrecorded" if of(run) is None else str(of(run))
+            seen = values[name].setdefault(group, [])
+            if value not in seen:
+                seen.append(value)
+    shared, differing = [], {}
+    for name, per_group in values.items():
+        distinct = {value for seen in per_group.values() for value in seen}
+        if len(distinct) == 1:
+            shared.append(f"{name} {distinct.pop()}")
+        else:
+            differing[name] = per_group
+    return shared, differing
+
+
 def refuse_one_sided(table: str, runs: list[Run], configs: list[dict]) -> None:
     """A ConfigError where runs sharing a column's name differ in a setting that only some of them recorded."""
     names = [run_labels([c])[0] for c in configs]
