@@ -23,7 +23,8 @@
 # and removed after them unless KEEP_CHECKPOINTS=1 (one on the disk at a time, 16-20 GB; a folder that already
 # holds one is used and kept); METHODS, the methods runtime and gpu_memory run (default: each table's rows; a
 # short lease gives memdefrag_top2, the one issue 56 measures); DATASETS, those runtime runs on (default: the
-# experiment's, NaturalQA and SQuAD; a short lease gives nqa); TOKENIZER (default $GPU_TOKENIZER, which
+# experiment's, NaturalQA and SQuAD; a short lease gives nqa); DECODE, runtime's way of decoding (default CUDA's,
+# captured; `decode`'s tables say which is faster); TOKENIZER (default $GPU_TOKENIZER, which
 # .gpu/enter.sh sets), a tokenizer folder for the random shapes where the embedded SmolLM2 is not installed; PYTHON
 # (default python3).
 set -euo pipefail
@@ -92,7 +93,7 @@ runtime() {      # tab:runtime
   # that each pays its own warm-up (in one process the first job paid the process's: results/gpu/README.md)
   # shellcheck disable=SC2086
   memdefrag experiment=runtime $model task.groups=2 method="${METHODS:-vanilla,memdefrag_top1,memdefrag_top2}" \
-    ${DATASETS:+task.dataset=$DATASETS} hydra/launcher=local task.data_dir="$data" logger=none \
+    ${DATASETS:+task.dataset=$DATASETS} ${DECODE:+decode=$DECODE} hydra/launcher=local task.data_dir="$data" logger=none \
     hydra.sweep.dir="$out/runtime"
 }
 gpu_memory() {   # tab:gpu-memory
