@@ -134,6 +134,28 @@ def test_tab_gpu_memory_says_in_which_phase_each_gpu_run_reached_its_peak(tmp_pa
     assert "none+informativeness:" not in memory
 
 
+def test_runs_on_rows_of_their_own_device_share_a_column_whatever_else_differs_between_them(tmp_path):
+    """tab:gpu-memory's rows are per device: Top-2 on two GPUs, each from a random checkpoint saved in another
+    folder, is one column; two runs of one device that differ in the folder still get a column each."""
+    record = {"group": 0, "step": 50, "correct": False, "target_rank": 1}
+    for folder, gpu, source, mb in (("h100", "NVIDIA H100", "/tmp/ckpt/llama31_8b", 18_157.0),
+                                    ("h200", "NVIDIA H200", "/tmp/memdefrag-checkpoints/llama31_8b", 17_795.0)):
+        fake_run(tmp_path / "g" / folder, "Retention", "memdefrag_top2", [record], "informativeness",
+                 {"threads": 16, "model": "llama31_8b", "device": "cuda:0", "device_name": gpu, "dtype": "bfloat16",
+                  "peak_memory": {"cuda_mb": mb}}, study="gpu_memory",
+                 model={"name": "llama31_8b", "source": source})
+    memory = write(tmp_path).read_text().split("(`tab:gpu-memory`)")[1].split("\n## ")[0]
+    assert re.search(r"\| dataset +\| +memdefrag_top2\+informativeness \|\n", memory)
+    assert re.search(r"\| nqa \(llama31_8b, NVIDIA H100\) +\| +19.04 \|", memory)
+    assert re.search(r"\| nqa \(llama31_8b, NVIDIA H200\) +\| +18.66 \|", memory)
+    fake_run(tmp_path / "g" / "h200_again", "Retention", "memdefrag_top2", [{**record, "group": 1}],
+             "informativeness", {"threads": 16, "model": "llama31_8b", "device": "cuda:0",
+                                 "device_name": "NVIDIA H200", "dtype": "bfloat16", "peak_memory": {"cuda_mb": 1.0}},
+             study="gpu_memory", model={"name": "llama31_8b", "source": "/elsewhere"})
+    memory = write(tmp_path).read_text().split("(`tab:gpu-memory`)")[1].split("\n## ")[0]
+    assert "source=/elsewhere" in memory and "source=/tmp/memdefrag-checkpoints/llama31_8b" in memory
+
+
 def test_memoryllm_runs_get_their_table_and_only_the_released_checkpoint_joins_the_comparisons(tmp_path):
     released = {"name": "memoryllm_8b", "source": "YuWangX/memoryllm-8b"}
     mplus = {"name": "mplus_8b", "source": "YuWangX/mplus-8b"}

@@ -636,7 +636,8 @@ def sweep_of(runs: list[Run], model: str, choice: dict) -> tuple[Run, pd.DataFra
 def speed_section(root: Path) -> Section:
     section = Section("speed", "Speed per question: each method against no memory, the fast backend against "
                                "the hidden-prefix one (memdefrag-bench)")
-    files = sorted(root.glob("speed*.md")) + sorted(root.glob("gpu/*speed*.md"))     # results/run_gpu.sh's
+    files = sorted(root.glob("speed*.md")) + sorted(root.glob("gpu/*speed*.md")) \
+        + sorted(root.glob("gpu/decode_*.md"))      # results/run_gpu.sh's speed, peers and decode tables
     if files:
         section.text = "\n\n".join(bench_table(f, root) for f in files)
     else:
