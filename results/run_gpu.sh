@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU figures on one GPU with random weights of Llama-3.1-8B's shape (speed and memory only, never accuracy),
 # in parts, run in the order given (default: every part, in the order of PARTS below), so that a short device lease
-# runs the parts it has time for; each part's start is printed with the time, so a run says what each took:
+# runs the parts it has time for; each part's start is printed with the time, so a run says what each took, and
+# with the processes then computing on the GPU:
 #   selfcheck   the self-check's verdicts on the 8B shape (fp32, bf16, fp16)
 #   speed       the per-question speed tables in bf16 and fp16, each beside transformers' generate(
 #               cache_implementation="static") on the same tokens (the anchor)
@@ -134,8 +135,13 @@ memoryllm() {    # MemoryLLM's and M+'s columns of tab:runtime, each on a random
 report() {
   memdefrag report results
 }
+on_the_gpu() {   # the processes computing on the GPU (one left by an earlier part would share it), or why unknown
+  command -v nvidia-smi > /dev/null || { echo "unknown (no nvidia-smi)"; return; }
+  local apps; apps=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | paste -sd ';')
+  echo "${apps:-none}"
+}
 trap release EXIT          # the checkpoints this script wrote, whatever part ends it
 for part in "${parts[@]}"; do
-  echo "run_gpu.sh: $part ($(date +%T))"
+  echo "run_gpu.sh: $part ($(date +%T); computing on the GPU: $(on_the_gpu))"
   "$part"
 done
