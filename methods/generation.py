@@ -15,6 +15,7 @@ import torch
 from transformers.cache_utils import Cache, StaticLayer
 
 from methods.attention.decoder import cache_keyword
+from methods.attention.grouped import in_chunks
 
 Decode = StrEnum("Decode", ["eager", "captured", "compiled"])
 
@@ -76,14 +77,17 @@ class ReadLayer(StaticLayer):
 
 def fixed(cache: Cache, budget: int) -> Cache:
     """The cache as one of fixed size with room for `budget` more positions: each layer's own buffers where they
-    have that room (the fast backend sizes them for the read: memory view + prompt + answer budget), else new
-    ones the filled part is copied into (hidden_prefix's and text memory's grown caches)."""
+    have that room, in whole chunks where a step's attention splits them (methods/attention/grouped.py; the fast
+    backend sizes them so for the read: memory view + prompt + answer budget), else new ones the filled part is
+    copied into (hidden_prefix's and text memory's grown caches)."""
     layers = []
     for layer in cache.layers:
         filled = layer.keys.shape[2]
         keys, values = getattr(layer, "_k", None), getattr(layer, "_v", None)     # PrefixLayer's buffers
-        if keys is None or keys.shape[2] < filled + budget:
-            keys, values = (torch.cat([t, t.new_empty(*t.shape[:2], budget, t.shape[3])], dim=2)
+        device = layer.keys.device
+        if keys is None or keys.shape[2] < filled + budget or keys.shape[2] != in_chunks(keys.shape[2], device):
+            room = in_chunks(filled + budget, device) - filled
+            keys, values = (torch.cat([t, t.new_empty(*t.shape[:2], room, t.shape[3])], dim=2)
                             for t in (layer.keys, layer.values))
         layers.append(ReadLayer(keys, values, filled))
     return Cache(layers=layers)

@@ -85,12 +85,17 @@ def test_compiled_answers_are_the_eager_ones_and_reads_of_every_length_share_one
     assert counters["stats"]["unique_graphs"] - compiled == 1
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_the_captured_step_has_no_branch_on_a_device_value(llama, tokenizer, monkeypatch, packed):
+@pytest.mark.parametrize("attention", ["own", "packed", "split"])
+def test_the_captured_step_has_no_branch_on_a_device_value(llama, tokenizer, monkeypatch, attention):
     """What a CUDA graph captures must not wait for the device: dynamo traces the step whole (fullgraph) only if
     no Python branch reads a tensor's value (a host sync on a GPU); so too with its attention packed per key/value
-    head as on CUDA (a one-token query's two matrix products; their float32 products as a CPU makes them)."""
+    head as on CUDA (a one-token query's two matrix products; their float32 products as a CPU makes them), and
+    split along the keys (its read's buffers in whole chunks: of 8 positions here, as of 256 on CUDA)."""
+    from methods.attention import grouped
     from methods.attention.grouped import grouped_attention
+    if attention == "split":
+        for name, value in (("PACKING_DEVICES", {"cpu"}), ("KEY_CHUNK", 8), ("SPLIT_FROM", 2)):
+            monkeypatch.setattr(grouped, name, value)
     backend = KVPrefixBackend(llama)
     session = Session(llama, tokenizer, backend, Vanilla(), "shared_sink", "plain", 8)
     for text in FRAGMENTS:
@@ -99,12 +104,14 @@ def test_the_captured_step_has_no_branch_on_a_device_value(llama, tokenizer, mon
     logits, cache, position = backend.prefill(session.memory, prompt, room=8, logits_to_keep=1)
     step = CapturedStep(llama, cache, position, 8)
     step.ids.copy_(logits[-1].argmax().view(1, 1))
-    calls = grouped_here(monkeypatch) if packed else []
+    calls = grouped_here(monkeypatch) if attention != "own" else []
     torch._dynamo.reset()
     with torch.no_grad(), grouped_attention(llama):
         torch.compile(step.forward, fullgraph=True, backend="eager")()
     assert int(step.position) == position + 1
-    assert packed == bool(calls) and all(shape[2] == 1 for shape in calls)
+    assert (attention != "own") == bool(calls) and all(shape[2] == 1 for shape in calls)
+    read = step.cache.layers[0].keys.shape[2]
+    assert attention != "split" or (read % 8 == 0 and read // 8 >= 2)
 
 
 def test_decode_defaults_to_the_device_and_refuses_an_unknown_one(llama, tokenizer):
@@ -236,17 +243,25 @@ def grouped_here(monkeypatch) -> list:
 @pytest.mark.parametrize("mask", ["bool", "additive"])
 @pytest.mark.parametrize("kv_heads", [2, 8])
 @pytest.mark.parametrize("scale", [0.3, None])
-def test_attention_per_key_value_head_is_attention_over_copied_heads(mask, q_len, kv_heads, scale):
+@pytest.mark.parametrize("split", [False, True])
+def test_attention_per_key_value_head_is_attention_over_copied_heads(mask, q_len, kv_heads, scale, split,
+                                                                      monkeypatch):
     """methods/attention/grouped.py: the query heads of a key/value head as its rows, each under its query's mask
     row, give each head's output as copying the keys and values per query head does (transformers' repeat_kv); a
-    one-token query's (a decoding step's) two matrix products, grouped heads or not, give sdpa's output too."""
+    one-token query's (a decoding step's) two matrix products, grouped heads or not, give sdpa's output too, split
+    along the keys too (in chunks of 3 here, one of them masked whole)."""
     from transformers.integrations.sdpa_attention import repeat_kv
+    from methods.attention import grouped
     from methods.attention.grouped import packed
+    if split:
+        monkeypatch.setattr(grouped, "KEY_CHUNK", 3)
+        monkeypatch.setattr(grouped, "SPLIT_FROM", 2)
     generator = torch.Generator().manual_seed(0)
     query, key, value = (torch.randn(*shape, generator=generator)
                          for shape in ((2, 8, q_len, 16), (2, kv_heads, 9, 16), (2, kv_heads, 9, 12)))
     seen = torch.rand(2, 1, q_len, 9, generator=generator) > 0.3
     seen[..., 0] = True
+    seen[..., 3:6] = not split
     given = seen if mask == "bool" else torch.zeros(seen.shape).masked_fill(~seen, torch.finfo(torch.float).min)
     group = 8 // kv_heads
     copied = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, group), repeat_kv(value, group),
@@ -277,17 +292,27 @@ def test_a_call_is_packed_only_where_packing_is_the_same_attention_in_less_memor
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("read", sorted(READS))
-def test_grouped_attention_gives_every_read_the_same_answers(tokenizer, monkeypatch, family, read):
+@pytest.mark.parametrize("split", [False, True])
+def test_grouped_attention_gives_every_read_the_same_answers(tokenizer, monkeypatch, family, read, split):
     """A question's attention per key/value head (methods/attention/grouped.py) stands aside on a CPU; made to
     apply there, it gives every read (sliding windows included) the answers of the model's own attention, its
-    prompts over a memory and its one-token steps packed (APE's merged attention is left as it is)."""
+    prompts over a memory and its one-token steps packed (APE's merged attention is left as it is); so too with
+    every step split along its keys (chunks of 8 positions here), its read's buffers sized in whole chunks."""
+    from methods.attention import grouped
     from tests.conftest import tiny_model
     model = tiny_model(family)
     calls = packed_calls(monkeypatch)
     own = answers(model, tokenizer, KVPrefixBackend, read, "captured")
     assert not calls
     calls = grouped_here(monkeypatch)
+    if split:
+        monkeypatch.setattr(grouped, "KEY_CHUNK", 8)
+        monkeypatch.setattr(grouped, "SPLIT_FROM", 2)
+        splits = []
+        real = grouped.float32_products
+        monkeypatch.setattr(grouped, "float32_products", lambda a, b: splits.append(b.shape) or real(a, b))
     assert answers(model, tokenizer, KVPrefixBackend, read, "captured") == own
+    assert not split or read == "ape" or any(shape[1] == 8 for shape in splits)   # a values' chunk of 8
     assert (read == "ape") != any(shape[2] == 1 for shape in calls)
     assert read not in ("vanilla", "top2", "cacheblend") or any(shape[2] > 1 for shape in calls)  # a memory's prompt
 
@@ -318,7 +343,8 @@ def test_on_cuda_a_questions_attention_is_grouped_and_answers_as_without(tokeniz
     from transformers.integrations.sdpa_attention import repeat_kv
     from methods.attention import grouped
     from tests.conftest import tiny_model
-    for q_len, kv_len in ((3, 37), (1, 37), (1, 12958)):          # a prompt, a short and a long decoding step
+    for q_len, kv_len in ((3, 37), (1, 37), (1, 12958), (1, 13056)):   # a prompt, a short and a long decoding
+                                                                            # step, one split in 51 chunks
         query, key, value = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
                              for shape in ((1, 8, q_len, 64), (1, 2, kv_len, 64), (1, 2, kv_len, 64)))
         mask = torch.rand(1, 1, q_len, kv_len, device="cuda") > 0.3

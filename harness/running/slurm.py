@@ -53,6 +53,7 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
          "ENDED", "FINISHED", "INTERRUPTED"}
 
 CANCEL_GRACE_S = 10.0       # a cancelled local job's time to end on its own before it is killed
+KILLED_S = 5.0              # then the time its process is given to be gone
 
 
 def cancel(jobs, grace_s: float = CANCEL_GRACE_S) -> None:
@@ -63,12 +64,18 @@ def cancel(jobs, grace_s: float = CANCEL_GRACE_S) -> None:
     for job in jobs:
         job.cancel(check=False)
     local = [job for job in jobs if isinstance(job, LocalJob)]
-    deadline = time.monotonic() + grace_s
-    while any(not job.done() for job in local) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    until_ended(local, grace_s)
     for job in local:
         if not job.done():
             os.kill(int(job.job_id), signal.SIGKILL)        # a local job's id is its process's
+    until_ended(local, KILLED_S)
+
+
+def until_ended(jobs: list[LocalJob], seconds: float) -> None:
+    """Back once every local job's process has ended (and been reaped), or `seconds` have passed."""
+    deadline = time.monotonic() + seconds
+    while any(not job.done() for job in jobs) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 class JobFailed(Exception):

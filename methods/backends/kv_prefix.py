@@ -18,6 +18,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from methods.base import Reading
 from methods.memory import Fragment, LatentMemory, parts
 from methods.attention import decoder
+from methods.attention.grouped import in_chunks
 from methods.attention.positions import (Rotary, RotaryError, has_rotary_function, length_dependent_rotary,
                                         no_rotary_function)
 from methods.attention.recompute import recompute, recompute_through
@@ -136,6 +137,7 @@ class Placed:
         than copied over, so that the trace's buffers are never held twice (at N_max on the 8B shape, 0.74 GB:
         docs/gpu.md, Peak memory)."""
         self.keys = self.values = None
+        size = in_chunks(size, self.model.device)           # a decoding step splits them without a copy
         self.keys, self.values = [[t.new_empty(len(layers), t.shape[1], size, t.shape[3], device=self.model.device)
                                    for layers, t in zip(self.groups, parts(stored))]
                                   for stored in (like.keys, like.values)]
