@@ -72,10 +72,17 @@ def test_captured_answers_are_the_eager_ones_on_hidden_prefix(llama, tokenizer):
             answers(llama, tokenizer, HiddenPrefixBackend, read, "eager")
 
 
-def test_compiled_answers_are_the_eager_ones_and_reads_of_every_length_share_one_compile(llama, tokenizer):
+@pytest.mark.parametrize("split", [False, True])
+def test_compiled_answers_are_the_eager_ones_and_reads_of_every_length_share_one_compile(llama, tokenizer,
+                                                                                       monkeypatch, split):
     """decode=compiled: inductor's step (C++ kernels here, Triton's on a GPU) answers as the eager loop token for
     token, and reads whose caches differ in length (none, the whole memory, a Top-2 view) reuse one compiled step:
-    compiling per read would cost a question its compile."""
+    compiling per read would cost a question its compile. So too with every step's attention packed and split along
+    its keys as on CUDA (in chunks of 8 here: every read splits)."""
+    if split:           # every read here holds at least its 12 answer positions: two chunks or more
+        from methods.attention import grouped
+        for name, value in (("PACKING_DEVICES", {"cpu"}), ("KEY_CHUNK", 8), ("SPLIT_FROM", 2)):
+            monkeypatch.setattr(grouped, name, value)
     torch._dynamo.reset()
     compiled_next_id.cache_clear()
     compiled = counters["stats"]["unique_graphs"]
