@@ -134,6 +134,25 @@ def test_tab_gpu_memory_says_in_which_phase_each_gpu_run_reached_its_peak(tmp_pa
     assert "none+informativeness:" not in memory
 
 
+def test_a_runtime_runs_slow_first_group_is_named_beside_the_table_with_its_later_groups_mean(tmp_path):
+    """A run's first group holds its process's one-time costs (a compiled step's compile): where it took more than
+    1.5 times the later groups' mean, both are given beside tab:runtime, whose cell stays the mean of all; a run
+    whose first group does not stand out, or that has one group, is not named."""
+    record = {"correct": False, "target_rank": 1}
+    for folder, seconds in (("cold", (40.0, 2.5, 2.7)), ("even", (3.0, 2.5)), ("one", (9.0,))):
+        fake_run(tmp_path / "r" / folder, "Retention", folder, [{**record, "group": g, "step": 10}
+                                                                 for g in range(len(seconds))], "informativeness",
+                 {"threads": 16, "model": "llama31_8b", "device": "cuda:0", "device_name": "NVIDIA H200",
+                  "seconds": {"per_group": sum(seconds) / len(seconds)}}, study="runtime")
+        (tmp_path / "r" / folder / "groups.jsonl").write_text(
+            "".join(json.dumps({"group": g, "seconds": s}) + "\n" for g, s in enumerate(seconds)))
+    runtime = write(tmp_path).read_text().split("(`tab:runtime`)")[1].split("\n## ")[0]
+    assert re.search(r"\| nqa \(llama31_8b, NVIDIA H200\) +\| +15.07 \| +2.75 \| +9 \|", runtime)
+    assert "first groups that took more than 1.5 times the later ones: llama31_8b, nqa (NVIDIA H200), " \
+           "cold+informativeness: 40.00 s, then 2.60 s a group over 2." in runtime
+    assert "even+informativeness:" not in runtime and "one+informativeness:" not in runtime
+
+
 def test_runs_on_rows_of_their_own_device_share_a_column_whatever_else_differs_between_them(tmp_path):
     """tab:gpu-memory's rows are per device: Top-2 on two GPUs, each from a random checkpoint saved in another
     folder, is one column; two runs of one device that differ in the folder still get a column each."""

@@ -340,7 +340,7 @@ def runtime_section(runs) -> tuple[Section, Section]:
                          "in a forward of its own; batched: a group's fragments formed together, padded "
                          "(docs/gpu.md). The paper's (Llama-3.1-8B-Instruct, a GPU): NaturalQA vanilla 59.30, "
                          "MemoryLLM 64.19, M+ 87.24, Top-1 75.07, Top-2 76.49, Top-all 103.67; SQuAD vanilla 60.11, "
-                         "Top-1 79.23, Top-2 81.01, Top-all 107.95.")
+                         "Top-1 79.23, Top-2 81.01, Top-all 107.95." + first_groups(runs))
     if peaks is not None:
         memory.after += ("`none` reads no memory and keeps no latent memory: its peak is the weights and the "
                          "largest forward it ran (a question's, or a stored fragment's, which informativeness "
@@ -352,6 +352,25 @@ def runtime_section(runs) -> tuple[Section, Section]:
                         "covers every job a process ran before (run a sweep with hydra/launcher=local for one "
                         "process per job)." + peak_phases(runs))
     return runtime, memory
+
+
+SLOW_FIRST = 1.5        # a run's first group this many times its later groups' mean is named beside the table
+
+
+def first_groups(runs) -> str:
+    """The tab:runtime runs whose first group took more than SLOW_FIRST times their later groups' mean, with both
+    figures: the cell's mean holds the process's one-time costs (CUDA's set-up, a compiled decoding step's
+    compile), which the later groups do not pay. Empty where no run's first group stands out."""
+    slow = []
+    for run, label in zip(*study_runs(runs, "runtime")):
+        seconds = [s for _, s in sorted(run.finished.seconds.items()) if s is not None]
+        later = sum(seconds[1:]) / (len(seconds) - 1) if len(seconds) > 1 else None
+        if later is not None and seconds[0] > SLOW_FIRST * later:
+            slow.append(f"{run.info.get('model')}, {run.config['task']['dataset']} ({run.device}), {label}: "
+                        f"{seconds[0]:.2f} s, then {later:.2f} s a group over {len(seconds) - 1}")
+    return "" if not slow else (" A run's first group holds its process's one-time costs (CUDA's set-up, a compiled "
+                                "decoding step's compile), which its later groups do not pay; first groups that "
+                                f"took more than {SLOW_FIRST} times the later ones: " + "; ".join(slow) + ".")
 
 
 def peak_phases(runs) -> str:

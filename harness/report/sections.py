@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from evals.stats import bootstrap_mean, wilson, with_interval
 from harness.errors import ConfigError
 from harness.plugins.contracts import declared_tables
-from harness.results.folder import as_of_now, finished, flattened, read_config, read_run_info
+from harness.results.folder import Finished, as_of_now, finished, flattened, read_config, read_run_info
 from harness.results.summary import IMPLIED, complete_groups, run_folders, run_labels
 from methods.window import BEYOND_CELL, marked
 
@@ -35,9 +35,14 @@ class Run:
     info: dict
 
     @cached_property
+    def finished(self) -> Finished:
+        """The groups it finished, their seconds and records (harness.results.folder.finished), read once per
+        report."""
+        return finished(self.folder)
+
+    @property
     def records(self) -> list[dict]:
-        """The records of the groups it finished (harness.results.folder.finished), read once per report."""
-        return finished(self.folder).records
+        return self.finished.records
 
     @property
     def past_window(self) -> bool:
