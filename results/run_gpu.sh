@@ -24,8 +24,8 @@
 # and removed after them unless KEEP_CHECKPOINTS=1 (one on the disk at a time, 16-20 GB; a folder that already
 # holds one is used and kept); METHODS, the methods runtime and gpu_memory run (default: each table's rows; a
 # short lease gives memdefrag_top2, the one issue 56 measures); DATASETS, those runtime runs on (default: the
-# experiment's, NaturalQA and SQuAD; a short lease gives nqa); DECODE, runtime's way of decoding (default CUDA's,
-# captured; `decode`'s tables say which is faster); TOKENIZER (default $GPU_TOKENIZER, which
+# experiment's, NaturalQA and SQuAD; a short lease gives nqa); RUNTIME_DECODE, runtime's way of decoding (default
+# CUDA's, captured; `decode`'s tables, whose ways are DECODES, say which is faster); TOKENIZER (default $GPU_TOKENIZER, which
 # .gpu/enter.sh sets), a tokenizer folder for the random shapes where the embedded SmolLM2 is not installed; PYTHON
 # (default python3).
 set -euo pipefail
@@ -94,8 +94,8 @@ runtime() {      # tab:runtime
   # that each pays its own warm-up (in one process the first job paid the process's: results/gpu/README.md)
   # shellcheck disable=SC2086
   memdefrag experiment=runtime $model task.groups=2 method="${METHODS:-vanilla,memdefrag_top1,memdefrag_top2}" \
-    ${DATASETS:+task.dataset=$DATASETS} ${DECODE:+decode=$DECODE} hydra/launcher=local task.data_dir="$data" logger=none \
-    hydra.sweep.dir="$out/runtime"
+    ${DATASETS:+task.dataset=$DATASETS} ${RUNTIME_DECODE:+decode=$RUNTIME_DECODE} hydra/launcher=local \
+    task.data_dir="$data" logger=none hydra.sweep.dir="$out/runtime"
 }
 gpu_memory() {   # tab:gpu-memory
   checkpoint llama31_8b "$ckpt/llama31_8b"
@@ -135,10 +135,13 @@ memoryllm() {    # MemoryLLM's and M+'s columns of tab:runtime, each on a random
 report() {
   memdefrag report results
 }
-on_the_gpu() {   # the processes computing on the GPU (one left by an earlier part would share it), or why unknown
+on_the_gpu() {   # what computes on the GPU (a job an earlier part left would share it): its processes where the
+                 # driver lists them (a container may hide them) and the memory in use, or why unknown
   command -v nvidia-smi > /dev/null || { echo "unknown (no nvidia-smi)"; return; }
-  local apps; apps=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | paste -sd ';')
-  echo "${apps:-none}"
+  local apps used
+  apps=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader) &&
+    used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader) || { echo "unknown (nvidia-smi failed)"; return; }
+  echo "${apps:+$(paste -sd ';' <<< "$apps"), }memory used $(paste -sd ';' <<< "$used")"
 }
 trap release EXIT          # the checkpoints this script wrote, whatever part ends it
 for part in "${parts[@]}"; do

@@ -78,10 +78,10 @@ def test_compiled_answers_are_the_eager_ones_and_reads_of_every_length_share_one
     """decode=compiled: inductor's step (C++ kernels here, Triton's on a GPU) answers as the eager loop token for
     token, and reads whose caches differ in length (none, the whole memory, a Top-2 view) reuse one compiled step:
     compiling per read would cost a question its compile. So too with every step's attention packed and split along
-    its keys as on CUDA (in chunks of 8 here: every read splits)."""
-    if split:           # every read here holds at least its 12 answer positions: two chunks or more
+    its keys as on CUDA (in chunks of 5 here), whatever the number of chunks: one branch, one compile."""
+    if split:
         from methods.attention import grouped
-        for name, value in (("PACKING_DEVICES", {"cpu"}), ("KEY_CHUNK", 8), ("SPLIT_FROM", 2)):
+        for name, value in (("PACKING_DEVICES", {"cpu"}), ("KEY_CHUNK", 5)):
             monkeypatch.setattr(grouped, name, value)
     torch._dynamo.reset()
     compiled_next_id.cache_clear()
@@ -97,11 +97,11 @@ def test_the_captured_step_has_no_branch_on_a_device_value(llama, tokenizer, mon
     """What a CUDA graph captures must not wait for the device: dynamo traces the step whole (fullgraph) only if
     no Python branch reads a tensor's value (a host sync on a GPU); so too with its attention packed per key/value
     head as on CUDA (a one-token query's two matrix products; their float32 products as a CPU makes them), and
-    split along the keys (its read's buffers in whole chunks: of 8 positions here, as of 256 on CUDA)."""
+    split along the keys (its read's buffers in whole chunks: of 5 positions here, as of 256 on CUDA)."""
     from methods.attention import grouped
     from methods.attention.grouped import grouped_attention
     if attention == "split":
-        for name, value in (("PACKING_DEVICES", {"cpu"}), ("KEY_CHUNK", 8), ("SPLIT_FROM", 2)):
+        for name, value in (("PACKING_DEVICES", {"cpu"}), ("KEY_CHUNK", 5)):
             monkeypatch.setattr(grouped, name, value)
     backend = KVPrefixBackend(llama)
     session = Session(llama, tokenizer, backend, Vanilla(), "shared_sink", "plain", 8)
@@ -118,7 +118,7 @@ def test_the_captured_step_has_no_branch_on_a_device_value(llama, tokenizer, mon
     assert int(step.position) == position + 1
     assert (attention != "own") == bool(calls) and all(shape[2] == 1 for shape in calls)
     read = step.cache.layers[0].keys.shape[2]
-    assert attention != "split" or (read % 8 == 0 and read // 8 >= 2)
+    assert attention != "split" or read % 5 == 0
 
 
 def test_decode_defaults_to_the_device_and_refuses_an_unknown_one(llama, tokenizer):
@@ -246,27 +246,25 @@ def grouped_here(monkeypatch) -> list:
     return packed_calls(monkeypatch)
 
 
-@pytest.mark.parametrize("q_len", [1, 3])
+@pytest.mark.parametrize("q_len, split", [(1, False), (1, True), (3, False)])
 @pytest.mark.parametrize("mask", ["bool", "additive"])
 @pytest.mark.parametrize("kv_heads", [2, 8])
 @pytest.mark.parametrize("scale", [0.3, None])
-@pytest.mark.parametrize("split", [False, True])
-def test_attention_per_key_value_head_is_attention_over_copied_heads(mask, q_len, kv_heads, scale, split,
+@pytest.mark.parametrize("masks", [2, 1])
+def test_attention_per_key_value_head_is_attention_over_copied_heads(mask, q_len, kv_heads, scale, split, masks,
                                                                       monkeypatch):
     """methods/attention/grouped.py: the query heads of a key/value head as its rows, each under its query's mask
     row, give each head's output as copying the keys and values per query head does (transformers' repeat_kv); a
     one-token query's (a decoding step's) two matrix products, grouped heads or not, give sdpa's output too, split
-    along the keys too (in chunks of 3 here, one of them masked whole)."""
+    along the keys too (in chunks of 3 here, one of them masked whole); a mask of one batch row serves each."""
     from transformers.integrations.sdpa_attention import repeat_kv
     from methods.attention import grouped
     from methods.attention.grouped import packed
-    if split:
-        monkeypatch.setattr(grouped, "KEY_CHUNK", 3)
-        monkeypatch.setattr(grouped, "SPLIT_FROM", 2)
+    monkeypatch.setattr(grouped, "KEY_CHUNK", 3 if split else 4)        # 9 keys: three chunks, or no split
     generator = torch.Generator().manual_seed(0)
     query, key, value = (torch.randn(*shape, generator=generator)
                          for shape in ((2, 8, q_len, 16), (2, kv_heads, 9, 16), (2, kv_heads, 9, 12)))
-    seen = torch.rand(2, 1, q_len, 9, generator=generator) > 0.3
+    seen = torch.rand(masks, 1, q_len, 9, generator=generator) > 0.3
     seen[..., 0] = True
     seen[..., 3:6] = not split
     given = seen if mask == "bool" else torch.zeros(seen.shape).masked_fill(~seen, torch.finfo(torch.float).min)
@@ -304,7 +302,7 @@ def test_grouped_attention_gives_every_read_the_same_answers(tokenizer, monkeypa
     """A question's attention per key/value head (methods/attention/grouped.py) stands aside on a CPU; made to
     apply there, it gives every read (sliding windows included) the answers of the model's own attention, its
     prompts over a memory and its one-token steps packed (APE's merged attention is left as it is); so too with
-    every step split along its keys (chunks of 8 positions here), its read's buffers sized in whole chunks."""
+    every step split along its keys (chunks of 5 positions here), its read's buffers sized in whole chunks."""
     from methods.attention import grouped
     from tests.conftest import tiny_model
     model = tiny_model(family)
@@ -313,13 +311,14 @@ def test_grouped_attention_gives_every_read_the_same_answers(tokenizer, monkeypa
     assert not calls
     calls = grouped_here(monkeypatch)
     if split:
-        monkeypatch.setattr(grouped, "KEY_CHUNK", 8)
-        monkeypatch.setattr(grouped, "SPLIT_FROM", 2)
-        splits = []
+        monkeypatch.setattr(grouped, "KEY_CHUNK", 5)
+        products = []
         real = grouped.float32_products
-        monkeypatch.setattr(grouped, "float32_products", lambda a, b: splits.append(b.shape) or real(a, b))
+        monkeypatch.setattr(grouped, "float32_products",
+                            lambda a, b: products.append((a.shape, b.shape)) or real(a, b))
     assert answers(model, tokenizer, KVPrefixBackend, read, "captured") == own
-    assert not split or read == "ape" or any(shape[1] == 8 for shape in splits)   # a values' chunk of 8
+    # a chunk's weights [.., rows, 5] meeting its values [.., 5, d]: 5 is no head width of these models
+    assert not split or read == "ape" or any(a[-1] == 5 == b[-2] for a, b in products)
     assert (read == "ape") != any(shape[2] == 1 for shape in calls)
     assert read not in ("vanilla", "top2", "cacheblend") or any(shape[2] > 1 for shape in calls)  # a memory's prompt
 

@@ -155,24 +155,27 @@ def test_a_runtime_runs_slow_first_group_is_named_beside_the_table_with_its_late
 
 def test_runs_on_rows_of_their_own_device_share_a_column_whatever_else_differs_between_them(tmp_path):
     """tab:gpu-memory's rows are per device: Top-2 on two GPUs, each from a random checkpoint saved in another
-    folder, is one column; two runs of one device that differ in the folder still get a column each."""
+    folder, is one column; a setting the runs differ in (the tracer layer) still splits them, across devices too."""
     record = {"group": 0, "step": 50, "correct": False, "target_rank": 1}
     for folder, gpu, source, mb in (("h100", "NVIDIA H100", "/tmp/ckpt/llama31_8b", 18_157.0),
                                     ("h200", "NVIDIA H200", "/tmp/memdefrag-checkpoints/llama31_8b", 17_795.0)):
         fake_run(tmp_path / "g" / folder, "Retention", "memdefrag_top2", [record], "informativeness",
                  {"threads": 16, "model": "llama31_8b", "device": "cuda:0", "device_name": gpu, "dtype": "bfloat16",
-                  "peak_memory": {"cuda_mb": mb}}, study="gpu_memory",
+                  "peak_memory": {"cuda_mb": mb}}, study="gpu_memory", method_options={"tracer_layer": 13},
                  model={"name": "llama31_8b", "source": source})
     memory = write(tmp_path).read_text().split("(`tab:gpu-memory`)")[1].split("\n## ")[0]
     assert re.search(r"\| dataset +\| +memdefrag_top2\+informativeness \|\n", memory)
     assert re.search(r"\| nqa \(llama31_8b, NVIDIA H100\) +\| +19.04 \|", memory)
     assert re.search(r"\| nqa \(llama31_8b, NVIDIA H200\) +\| +18.66 \|", memory)
-    fake_run(tmp_path / "g" / "h200_again", "Retention", "memdefrag_top2", [{**record, "group": 1}],
-             "informativeness", {"threads": 16, "model": "llama31_8b", "device": "cuda:0",
-                                 "device_name": "NVIDIA H200", "dtype": "bfloat16", "peak_memory": {"cuda_mb": 1.0}},
-             study="gpu_memory", model={"name": "llama31_8b", "source": "/elsewhere"})
+    for folder, gpu, layer, mb in (("h100_layer8", "NVIDIA H100", 8, 1_000.0), ("h200_layer8", "NVIDIA H200", 8, 2_000.0)):
+        fake_run(tmp_path / "g" / folder, "Retention", "memdefrag_top2", [{**record, "group": 1}], "informativeness",
+                 {"threads": 16, "model": "llama31_8b", "device": "cuda:0", "device_name": gpu, "dtype": "bfloat16",
+                  "peak_memory": {"cuda_mb": mb}}, study="gpu_memory", method_options={"tracer_layer": layer},
+                 model={"name": "llama31_8b", "source": f"/{folder}"})
     memory = write(tmp_path).read_text().split("(`tab:gpu-memory`)")[1].split("\n## ")[0]
-    assert "source=/elsewhere" in memory and "source=/tmp/memdefrag-checkpoints/llama31_8b" in memory
+    assert "source=" not in memory
+    assert re.search(r"\| nqa \(llama31_8b, NVIDIA H100\) +\| +19.04 \| +1.05 \|", memory)     # layer 8: a column
+    assert re.search(r"\| nqa \(llama31_8b, NVIDIA H200\) +\| +18.66 \| +2.1 +\|", memory)     # of its own
 
 
 def test_memoryllm_runs_get_their_table_and_only_the_released_checkpoint_joins_the_comparisons(tmp_path):

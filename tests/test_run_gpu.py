@@ -25,21 +25,24 @@ while [ $# -gt 0 ]; do [ "$1" = --save-random ] && mkdir -p "$2" && touch "$2/mo
 """
 
 
-def run_gpu(tmp_path: Path, *parts: str, ok: bool = True, on_the_gpu: str | None = None
+def run_gpu(tmp_path: Path, *parts: str, ok: bool = True, on_the_gpu: str | None = None, **env: str
             ) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """results/run_gpu.sh PARTS through the stubs: what it printed and the commands it ran, in order. on_the_gpu:
-    what a stub nvidia-smi lists as computing there (none by default: no nvidia-smi)."""
+    """results/run_gpu.sh PARTS through the stubs, `env` added: what it printed and the commands it ran, in order.
+    on_the_gpu: the processes a stub nvidia-smi lists as computing there, beside 17795 MiB in use (no nvidia-smi
+    by default; "fail": one that fails)."""
     bin_dir, log, ckpt = tmp_path / "bin", tmp_path / "log", tmp_path / "checkpoints"
     bin_dir.mkdir(parents=True)
     stubs = {name: STUB.format(python=sys.executable) for name in ("memdefrag", "memdefrag-bench", "python3")}
     if on_the_gpu is not None:
-        stubs["nvidia-smi"] = f"#!/bin/sh\nprintf '{on_the_gpu}'\n"
+        stubs["nvidia-smi"] = ("#!/bin/sh\nexit 9\n" if on_the_gpu == "fail" else
+                               f"#!/bin/sh\n[ \"$1\" = --query-gpu=memory.used ] && echo '17795 MiB' || printf "
+                               f"'{on_the_gpu}'\n")
     for name, text in stubs.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "LOG": str(log), "OUT": str(tmp_path / "out"),
            "CKPT": str(ckpt), "MEMDEFRAG_DATA": str(tmp_path / "data"), "GPU_TOKENIZER": str(tmp_path / "tok"),
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT), **env}
     env.pop("TOKENIZER", None)
     done = subprocess.run(["bash", str(ROOT / "results" / "run_gpu.sh"), *parts], cwd=ROOT, env=env,
                           capture_output=True, text=True)
@@ -101,15 +104,17 @@ def test_named_parts_run_alone_in_their_order_and_an_unknown_part_is_refused_bef
     """A short lease runs the parts it has time for: `decode runtime` benches the decode and runs tab:runtime on its
     own checkpoint, removed at the end; each part's start names what computes on the GPU then (a job an earlier
     part left would share it); a misspelt part is one line naming the parts, and nothing ran."""
-    done, calls = run_gpu(tmp_path / "two", "decode", "runtime", on_the_gpu="1630, python3, 17795 MiB\\n9, x, 1 MiB")
+    done, calls = run_gpu(tmp_path / "two", "decode", "runtime", on_the_gpu="1630, python3, 17795 MiB\\n9, x, 1 MiB",
+                          RUNTIME_DECODE="compiled")
     started = [line.split(" (")[0] for line in done.stdout.splitlines()[1:]]
     assert started == ["run_gpu.sh: decode", "run_gpu.sh: runtime"]
-    assert all(line.endswith("; computing on the GPU: 1630, python3, 17795 MiB;9, x, 1 MiB)")
+    assert all(line.endswith("; computing on the GPU: 1630, python3, 17795 MiB;9, x, 1 MiB, memory used 17795 MiB)")
                for line in done.stdout.splitlines()[1:])
-    assert run_gpu(tmp_path / "idle", "decode", on_the_gpu="")[0].stdout.splitlines()[1].endswith(
-        "; computing on the GPU: none)")
-    assert run_gpu(tmp_path / "none", "decode")[0].stdout.splitlines()[1].endswith(
-        "; computing on the GPU: unknown (no nvidia-smi))")
+    assert [c for c in calls if "experiment=runtime" in c and " decode=compiled " in c]     # RUNTIME_DECODE's
+    for gpu, said in (("", "memory used 17795 MiB"), ("fail", "unknown (nvidia-smi failed)"),
+                      (None, "unknown (no nvidia-smi)")):
+        assert run_gpu(tmp_path / f"{gpu}-gpu", "decode", on_the_gpu=gpu)[0].stdout.splitlines()[1].endswith(
+            f"; computing on the GPU: {said})")
     benches = [c for c in calls if c.startswith("memdefrag-bench")]
     assert len(benches) == 4 and all("--decode" in c and "--profile" in c for c in benches[:3])
     assert "--save-random" in benches[3]

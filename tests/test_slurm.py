@@ -21,13 +21,12 @@ from types import SimpleNamespace
 
 import pytest
 from submitit.core.utils import DelayedSubmission
-from submitit.local.local import LocalJob
 
 from harness.errors import ConfigError
 from harness.report.compare import compare, markdown
 from harness.results.folder import read_jsonl
 from harness.plugins.contracts import check_first_record
-from harness.running.slurm import Requeue, TimeLimit, cancel, check_request, requeueing
+from harness.running.slurm import Requeue, TimeLimit, check_request, requeueing
 from tests.conftest import as_in_a_terminal, refusal, refused, tiny_overrides
 from tests.test_docs import blocks, command_lines
 
@@ -339,21 +338,6 @@ def test_ctrl_c_in_a_terminal_ends_a_local_sweep_with_its_one_line_and_no_traceb
     log = sweep / ".submitit" / "controllers.log"
     until(lambda: "KeyboardInterrupt" in log.read_text(), 10, "the controller's traceback in its log")
     until(lambda: not group_alive(process.pid), 30, "every process of the sweep ended")
-
-
-def test_a_cancelled_local_job_that_does_not_stop_at_its_sigint_is_killed_and_one_that_does_is_left_to_end(
-        tmp_path):
-    """An interrupted command cancels its jobs: a local one that ignores its SIGINT (as a job inside a compile can)
-    is killed once the grace has passed, so it cannot hold the device after the command; one that stops at it ends
-    on its own (by its SIGINT, as Python ends on a KeyboardInterrupt), not killed."""
-    wait = "import signal, sys, time; {}; print('ready', flush=True); time.sleep(120)"
-    processes = [subprocess.Popen([sys.executable, "-c", wait.format(ignore)], stdout=subprocess.PIPE, text=True)
-                 for ignore in ("signal.signal(signal.SIGINT, signal.SIG_IGN)", "pass")]
-    for process in processes:
-        assert process.stdout.readline() == "ready\n"
-    cancel([LocalJob(tmp_path, str(process.pid), process=process) for process in processes], grace_s=3)
-    stubborn, obedient = (process.poll() for process in processes)
-    assert stubborn == -signal.SIGKILL and obedient == -signal.SIGINT, (stubborn, obedient)
 
 
 def group_alive(group: int) -> bool:

@@ -137,21 +137,20 @@ def labelled(runs: list[Run], table: str, leave: tuple[str, ...] = ()) -> list[s
 
 
 def run_columns(runs: list[Run], table: str, leave: tuple[str, ...] = (), per_device: bool = False) -> list[str]:
-    """Each run's column (harness.results.summary.run_labels) among the runs of its own model and dataset (and
-    device, in a table whose rows are per device), so that a setting that differs only between rows (N_max, a
-    random checkpoint's folder) splits no column; `leave`: task settings left out
-    (`seed`: runs of several seeds pool into one row). Refused, naming the setting, where runs that would share a
-    column split on a setting only some of them recorded (a run folder older than the setting: `memdefrag
-    migrate` fills it in)."""
+    """Each run's column (harness.results.summary.run_labels) among the runs of its own model and dataset, so that a
+    setting that differs only between datasets (N_max, say) splits no column; `leave`: task settings left out
+    (`seed`: runs of several seeds pool into one row). In a table whose rows are per device, the model's folder
+    splits no column either: each device's runs read a checkpoint saved where its lease put it. Refused, naming the
+    setting, where runs that would share a column split on a setting only some of them recorded (a run folder
+    older than the setting: `memdefrag migrate` fills it in)."""
     def config(run: Run) -> dict:
-        return {**run.config, "task": {k: v for k, v in run.config["task"].items() if k not in leave}}
-
-    def row(run: Run) -> tuple:
-        return run.model, run.config["task"]["dataset"], run.device if per_device else None
+        model = {k: v for k, v in run.config["model"].items() if not (per_device and k == "source")}
+        return {**run.config, "model": model,
+                "task": {k: v for k, v in run.config["task"].items() if k not in leave}}
 
     labels = {}
-    for key in dict.fromkeys(map(row, runs)):
-        same = [r for r in runs if row(r) == key]
+    for key in dict.fromkeys((r.model, r.config["task"]["dataset"]) for r in runs):
+        same = [r for r in runs if (r.model, r.config["task"]["dataset"]) == key]
         refuse_one_sided(table, same, [config(r) for r in same])
         labels |= {id(r): label for r, label in zip(same, run_labels([config(r) for r in same]))}
     refuse_repeated_groups(table, runs, [labels[id(r)] for r in runs], per_device)

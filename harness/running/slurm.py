@@ -34,7 +34,6 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import OmegaConf
 from submitit.core.job_environment import JobEnvironment, SignalHandler
 from submitit.core.utils import DelayedSubmission, FailedJobError
-from submitit.local.local import LocalJob
 
 from harness.errors import ConfigError, put_back, stops_on_config_error
 from harness.results.folder import read_jsonl
@@ -51,31 +50,6 @@ MARK = "harness.running.slurm.JobFailed: "    # how a failed job's own line read
 # states after which a job runs no more: SLURM's (a requeued job passes through PENDING instead), then local ones
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
          "ENDED", "FINISHED", "INTERRUPTED"}
-
-CANCEL_GRACE_S = 10.0       # a cancelled local job's time to end on its own before it is killed
-KILLED_S = 5.0              # then the time its process is given to be gone
-
-
-def cancel(jobs, grace_s: float = CANCEL_GRACE_S) -> None:
-    """Cancel every job; wait for each local one (a process of this machine, sent SIGINT) to end, and kill it once
-    `grace_s` have passed. A local job that does not stop at its SIGINT (inside a compile, say) would run on after
-    the command, holding the device for whatever runs next (the likely cause of a slow GPU run, results/gpu/README.md).
-    Its finished groups are kept either way (each is written as it ends). SLURM ends its own jobs once cancelled."""
-    for job in jobs:
-        job.cancel(check=False)
-    local = [job for job in jobs if isinstance(job, LocalJob)]
-    until_ended(local, grace_s)
-    for job in local:
-        if not job.done():
-            os.kill(int(job.job_id), signal.SIGKILL)        # a local job's id is its process's
-    until_ended(local, KILLED_S)
-
-
-def until_ended(jobs: list[LocalJob], seconds: float) -> None:
-    """Back once every local job's process has ended (and been reaped), or `seconds` have passed."""
-    deadline = time.monotonic() + seconds
-    while any(not job.done() for job in jobs) and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 class JobFailed(Exception):
@@ -302,7 +276,8 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
                 ended = now_ended
                 time.sleep(1 if ended or unexplained else POLL_S)
         except KeyboardInterrupt:
-            cancel(jobs)
+            for job in jobs:
+                job.cancel(check=False)
             print(f"memdefrag: interrupted: cancelled job {array}; rerun the same command to resume "
                   f"(finished groups are kept)", file=sys.stderr)
             sys.exit(130)

@@ -18,7 +18,7 @@ layer (~0.25 ms a layer, about the 8 ms a token vanilla took beyond none on the 
 same products over the device, grouped heads or not. The scores are float32 (cuBLAS accumulates the bf16 products
 in float32 and returns them so) and the weights meet the values in their dtype, as flash attention does.
 
-A long read is split along its keys, in chunks of KEY_CHUNK positions (flash-decoding's split): on the H200 the
+A read is split along its keys, in chunks of KEY_CHUNK positions (flash-decoding's split): on the H200 the
 weights' product with the values over 12,958 positions, a [4 x 12,958] by [12,958 x 128] product per key/value
 head, ran as 64 blocks at 0.22 TB/s (119 µs a layer) and inductor's softmax as one program per row (57 µs), where
 reading the keys and values once takes ~14 µs (results/gpu/README.md, the fourth run). Each chunk's scores, their
@@ -78,12 +78,11 @@ def packed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attentio
 
 
 KEY_CHUNK = 256        # key positions per chunk of a split decoding step
-SPLIT_FROM = 8         # chunks from which a step is split: a shorter read's products fill the device as they are
 
 
 def in_chunks(positions: int, device: torch.device) -> int:
-    """Room for `positions` in a read's buffers: whole chunks on a device that packs (so a step can split them
-    without a copy), as asked elsewhere."""
+    """Room for `positions` in a read's buffers: whole chunks on a device that packs, so that its steps split them
+    without a copy; as asked elsewhere (a CPU keeps its reads as they were, the eager loop its regression answers)."""
     return -(-positions // KEY_CHUNK) * KEY_CHUNK if device.type in PACKING_DEVICES else positions
 
 
@@ -91,18 +90,19 @@ def stepped(rows: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mas
             scale: float | None = None) -> torch.Tensor:
     """sdpa's attention [batch, kv_heads, rows, d] for a decoding step's few rows per key/value head, as two
     batched matrix products: the scores in float32, softmax'd under the mask, the weights in the values' dtype;
-    split along the keys where the read is whole chunks, at least SPLIT_FROM of them (a mask of one row: a step's).
-    Every row sees at least one key (a step sees its own position): a row masked whole would be NaN, not sdpa's 0."""
+    split along the keys where the read is whole chunks (every read `fixed` sizes on a packing device: one branch,
+    so a compiled step compiles once) and the mask one row (a step's). Every row sees at least one key (a step sees
+    its own position): a row masked whole would be NaN, not sdpa's 0."""
     batch, kv_heads, n_rows, width = rows.shape
-    chunks = key.shape[2] // KEY_CHUNK if key.shape[2] % KEY_CHUNK == 0 and attn_mask.shape[2] == 1 else 1
-    chunks = chunks if chunks >= SPLIT_FROM else 1
-    length, matrices = key.shape[2] // chunks, batch * kv_heads * chunks
+    split = key.shape[2] % KEY_CHUNK == 0 and attn_mask.shape[2] == 1
+    chunks, length = (key.shape[2] // KEY_CHUNK, KEY_CHUNK) if split else (1, key.shape[2])
+    matrices = batch * kv_heads * chunks
     queries = rows.unsqueeze(2).expand(-1, -1, chunks, -1, -1).reshape(matrices, n_rows, width)
     scores = float32_products(queries, key.reshape(matrices, length, width).mT)
     scores = scores.view(batch, kv_heads, chunks, n_rows, length) * (width ** -0.5 if scale is None else scale)
-    mask = attn_mask.reshape(batch, 1, attn_mask.shape[2], chunks, length).transpose(2, 3)
+    mask = attn_mask.reshape(attn_mask.shape[0], 1, attn_mask.shape[2], chunks, length).transpose(2, 3)
     scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    if chunks == 1:
+    if not split:
         weights = scores.softmax(dim=-1).to(value.dtype)
         return torch.bmm(weights.view(matrices, n_rows, length), value.reshape(matrices, length, -1)).view(
             batch, kv_heads, n_rows, -1)
