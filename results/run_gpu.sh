@@ -25,9 +25,9 @@
 # holds one is used and kept); METHODS, the methods runtime and gpu_memory run (default: each table's rows; a
 # short lease gives memdefrag_top2, the one issue 56 measures); DATASETS, those runtime runs on (default: the
 # experiment's, NaturalQA and SQuAD; a short lease gives nqa); RUNTIME_DECODE, runtime's way of decoding (default
-# CUDA's, captured; `decode`'s tables, whose ways are DECODES, say which is faster); TOKENIZER (default $GPU_TOKENIZER, which
-# .gpu/enter.sh sets), a tokenizer folder for the random shapes where the embedded SmolLM2 is not installed; PYTHON
-# (default python3).
+# CUDA's, captured; `decode`'s tables, whose ways are DECODES, say which is faster); TOKENIZER (default
+# $GPU_TOKENIZER, which .gpu/enter.sh sets), a tokenizer folder for the random shapes where the embedded SmolLM2 is
+# not installed; PYTHON (default python3).
 set -euo pipefail
 PARTS=(selfcheck speed decode peers runtime gpu_memory variants memoryllm report)
 parts=("$@"); [ $# -gt 0 ] || parts=("${PARTS[@]}")

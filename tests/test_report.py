@@ -167,10 +167,10 @@ def test_runs_on_rows_of_their_own_device_share_a_column_whatever_else_differs_b
     assert re.search(r"\| dataset +\| +memdefrag_top2\+informativeness \|\n", memory)
     assert re.search(r"\| nqa \(llama31_8b, NVIDIA H100\) +\| +19.04 \|", memory)
     assert re.search(r"\| nqa \(llama31_8b, NVIDIA H200\) +\| +18.66 \|", memory)
-    for folder, gpu, layer, mb in (("h100_layer8", "NVIDIA H100", 8, 1_000.0), ("h200_layer8", "NVIDIA H200", 8, 2_000.0)):
+    for folder, gpu, mb in (("h100_layer8", "NVIDIA H100", 1_000.0), ("h200_layer8", "NVIDIA H200", 2_000.0)):
         fake_run(tmp_path / "g" / folder, "Retention", "memdefrag_top2", [{**record, "group": 1}], "informativeness",
                  {"threads": 16, "model": "llama31_8b", "device": "cuda:0", "device_name": gpu, "dtype": "bfloat16",
-                  "peak_memory": {"cuda_mb": mb}}, study="gpu_memory", method_options={"tracer_layer": layer},
+                  "peak_memory": {"cuda_mb": mb}}, study="gpu_memory", method_options={"tracer_layer": 8},
                  model={"name": "llama31_8b", "source": f"/{folder}"})
     memory = write(tmp_path).read_text().split("(`tab:gpu-memory`)")[1].split("\n## ")[0]
     assert "source=" not in memory
