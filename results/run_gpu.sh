@@ -141,7 +141,7 @@ on_the_gpu() {   # what computes on the GPU (a job an earlier part left would sh
   local apps used
   apps=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader) &&
     used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader) || { echo "unknown (nvidia-smi failed)"; return; }
-  echo "${apps:+$(paste -sd ';' <<< "$apps"), }memory used $(paste -sd ';' <<< "$used")"
+  echo "${apps:+$(paste -sd ';' <<< "$apps"), }memory used $(paste -sd ';' <<< "${used:-unknown}")"
 }
 trap release EXIT          # the checkpoints this script wrote, whatever part ends it
 for part in "${parts[@]}"; do

@@ -24,7 +24,8 @@ head, ran as 64 blocks at 0.22 TB/s (119 µs a layer) and inductor's softmax as 
 reading the keys and values once takes ~14 µs (results/gpu/README.md, the fourth run). Each chunk's scores, their
 exponentials under the read's one maximum, and its part of the product are computed for every chunk at once, and
 the parts summed in float32: the same softmax, every chunk a block of its own. The read's buffers are sized in
-whole chunks on the devices that pack (`in_chunks`), so the split is a view, never a copy.
+whole chunks on the devices that pack (`in_chunks`), so the split of those contiguous buffers is a view, not a
+copy.
 """
 
 from __future__ import annotations
