@@ -25,11 +25,11 @@ while [ $# -gt 0 ]; do [ "$1" = --save-random ] && mkdir -p "$2" && touch "$2/mo
 """
 
 
-def run_gpu(tmp_path: Path, *parts: str, ok: bool = True, on_the_gpu: str | None = None, **env: str
-            ) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """results/run_gpu.sh PARTS through the stubs, `env` added: what it printed and the commands it ran, in order.
-    on_the_gpu: the processes a stub nvidia-smi lists as computing there, beside 17795 MiB in use (no nvidia-smi
-    by default; "fail": one that fails)."""
+def run_gpu(tmp_path: Path, *parts: str, ok: bool = True, on_the_gpu: str | None = None,
+            **settings: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """results/run_gpu.sh PARTS through the stubs, `settings` added to its environment: what it printed and the
+    commands it ran, in order. on_the_gpu: the processes a stub nvidia-smi lists as computing there, beside 17795
+    MiB in use (no nvidia-smi by default; "fail": one that fails)."""
     bin_dir, log, ckpt = tmp_path / "bin", tmp_path / "log", tmp_path / "checkpoints"
     bin_dir.mkdir(parents=True)
     stubs = {name: STUB.format(python=sys.executable) for name in ("memdefrag", "memdefrag-bench", "python3")}
@@ -42,7 +42,7 @@ def run_gpu(tmp_path: Path, *parts: str, ok: bool = True, on_the_gpu: str | None
         (bin_dir / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "LOG": str(log), "OUT": str(tmp_path / "out"),
            "CKPT": str(ckpt), "MEMDEFRAG_DATA": str(tmp_path / "data"), "GPU_TOKENIZER": str(tmp_path / "tok"),
-           "PYTHONPATH": str(ROOT), **env}
+           "PYTHONPATH": str(ROOT), **settings}
     env.pop("TOKENIZER", None)
     done = subprocess.run(["bash", str(ROOT / "results" / "run_gpu.sh"), *parts], cwd=ROOT, env=env,
                           capture_output=True, text=True)
