@@ -91,7 +91,8 @@ runtime() {      # tab:runtime
   checkpoint llama31_8b "$ckpt/llama31_8b"
   # experiment=runtime sets reuse_formed=false, so each group forms (and is charged) every fragment it reads,
   # whatever job ran before it; decode=captured (CUDA's default); one process per job (hydra/launcher=local), so
-  # that each pays its own warm-up (in one process the first job paid the process's: results/gpu/README.md)
+  # that each pays its own warm-up (in one process the first job paid the process's: results/gpu/README.md), one
+  # job at a time on the GPU this script sees (the launcher's defaults: docs/slurm.md)
   # shellcheck disable=SC2086
   memdefrag experiment=runtime $model task.groups=2 method="${METHODS:-vanilla,memdefrag_top1,memdefrag_top2}" \
     ${DATASETS:+task.dataset=$DATASETS} ${RUNTIME_DECODE:+decode=$RUNTIME_DECODE} hydra/launcher=local \

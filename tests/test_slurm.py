@@ -20,13 +20,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from omegaconf import OmegaConf
 from submitit.core.utils import DelayedSubmission
 
 from harness.errors import ConfigError
 from harness.report.compare import compare, markdown
 from harness.results.folder import read_jsonl
 from harness.plugins.contracts import check_first_record
-from harness.running.slurm import Requeue, TimeLimit, check_request, requeueing
+from harness.running.slurm import Requeue, TimeLimit, check_request, jobs_gpus, requeueing
 from tests.conftest import as_in_a_terminal, refusal, refused, tiny_overrides
 from tests.test_docs import blocks, command_lines
 
@@ -338,6 +339,61 @@ def test_ctrl_c_in_a_terminal_ends_a_local_sweep_with_its_one_line_and_no_traceb
     log = sweep / ".submitit" / "controllers.log"
     until(lambda: "KeyboardInterrupt" in log.read_text(), 10, "the controller's traceback in its log")
     until(lambda: not group_alive(process.pid), 30, "every process of the sweep ended")
+
+
+@pytest.mark.parametrize("at_once", [1, 2])
+def test_a_local_sweep_runs_array_parallelism_jobs_at_a_time(tmp_path, tiny_checkpoint, at_once):
+    """hydra/launcher=local runs one job at a time by default: the second is submitted once the first is done
+    (jobs side by side share the cores and the GPU, and a timed study's times with them); array_parallelism=2
+    submits both at once."""
+    sweep = tmp_path / "sweep"
+    done = memdefrag(tmp_path, *sweep_args(tiny_checkpoint, sweep, "method=none,memdefrag_top2",
+                                           "hydra/launcher=local", f"hydra.launcher.array_parallelism={at_once}"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    submitted = [line for line in done.stdout.splitlines() if line.startswith("submitted ")]
+    assert [line.split(" as local job ")[0] for line in submitted] == (
+        ["submitted run 1 of 2", "submitted run 2 of 2"] if at_once == 1 else ["submitted 2 runs"])
+    if at_once == 1:
+        lines = done.stdout.splitlines()
+        first_done = next(i for i, line in enumerate(lines) if "1 of 2 done" in line and "running" not in line)
+        assert lines.index(submitted[1]) > first_done, done.stdout
+    assert all((sweep / run / "run.json").is_file() for run in ("none_unbounded_synthetic", RUN))
+
+
+@pytest.mark.parametrize("device, visible, gpus", [
+    ("auto", None, (0, 1)), ("cuda", "2,5", (2, 5)), ("auto", "", ()), ("auto", "1,-1,3", (1,)),
+    ("cpu", "0", ())])
+def test_a_local_job_sees_the_gpus_this_command_sees(device, visible, gpus):
+    """gpus_per_node null: a GPU model's local jobs get the devices of CUDA_VISIBLE_DEVICES (all, unset; up to an
+    invalid index, as CUDA reads it), a CPU model's none; submitit alone gave every job none."""
+    environ = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert jobs_gpus(device, environ, lambda: 2) == gpus
+
+
+def test_a_local_launcher_gives_submitit_the_gpus_and_refuses_a_bad_parallelism(monkeypatch, capsys):
+    """The executor the local launcher builds carries the command's GPUs (AutoExecutor takes no visible_gpus);
+    a device named by UUID, and array_parallelism below 1, are one line each."""
+    from hydra_plugins.memdefrag_launchers import LocalLauncher
+
+    def launcher(**params):
+        made = LocalLauncher(submitit_folder="/tmp/unused", timeout_min=1, **{"array_parallelism": 1, **params})
+        made.setup(hydra_context=None, task_function=None, config=OmegaConf.create({"model": {"device": "auto"}}))
+        return made
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    parameters = launcher(gpus_per_node=None).executor()._executor.parameters
+    assert (parameters["gpus_per_node"], parameters["visible_gpus"]) == (2, (2, 5))
+    assert launcher(gpus_per_node=1).executor()._executor.parameters["visible_gpus"] == ()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f2e")
+    for params, line in [
+            ({"gpus_per_node": None}, "memdefrag: error: hydra/launcher=local: CUDA_VISIBLE_DEVICES='GPU-8f2e' names a "
+             "device by 'GPU-8f2e', and a local job is given devices by index; give indices, or set "
+             "hydra.launcher.gpus_per_node=N for the first N"),
+            ({"gpus_per_node": 0, "array_parallelism": 0},
+             "memdefrag: error: hydra.launcher.array_parallelism=0 must be an integer >= 1")]:
+        with pytest.raises(SystemExit) as stopped:
+            launcher(**params)
+        assert stopped.value.code == 2 and capsys.readouterr().err.splitlines() == [line]
 
 
 def group_alive(group: int) -> bool:

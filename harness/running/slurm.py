@@ -34,11 +34,13 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import OmegaConf
 from submitit.core.job_environment import JobEnvironment, SignalHandler
 from submitit.core.utils import DelayedSubmission, FailedJobError
+import torch
 
 from harness.errors import ConfigError, put_back, stops_on_config_error
 from harness.results.folder import read_jsonl
 from harness.results.paths import sweep_subdir
 from harness.results.summary import SweepSummary
+from methods.errors import whole_number
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,13 @@ def job_error(err: Exception) -> str:
     return lines[rules[1] - 1] if len(rules) > 1 else lines[0]
 
 
+def which(wave: range, runs: int) -> str:
+    """The runs a wave submits, for its line: `2 runs` (all of them), `run 2 of 6`, `runs 3-4 of 6`."""
+    if len(wave) == runs:
+        return f"{runs} runs"
+    return f"run {wave[0] + 1} of {runs}" if len(wave) == 1 else f"runs {wave[0] + 1}-{wave[-1] + 1} of {runs}"
+
+
 def shown(state: str) -> str:
     """A state as a status line says it: `pending (Resources)` (the reason as SLURM prints it)."""
     word, space, reason = state.partition(" ")
@@ -179,6 +188,9 @@ def requeueing(handler: Requeue, signum: int) -> Iterator[None]:
 class Waiting(submitit_launcher.BaseSubmititLauncher):
     """The shared part: submit one array, wait for every job with a status line per change, report failures."""
 
+    OWN: tuple[str, ...] = ()      # settings of the launcher's own, which submitit is not given
+    LOOK_EVERY_S = POLL_S          # seconds between looks at the jobs' states
+
     def __call__(self, *args) -> JobReturn:
         """In the job: a run that fails raises (the job ends FAILED, submitit keeps the line) instead of
         returning a failed result that SLURM would count as COMPLETED."""
@@ -201,7 +213,7 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
         executor = submitit.AutoExecutor(folder=self.params["submitit_folder"], cluster=kind, **timeouts)
         base = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(**{k if k in base else f"{kind}_{k}": v for k, v in self.params.items()
-                                      if k not in init})
+                                      if k not in init + self.OWN})
         return executor
 
     def submitting(self):
@@ -216,40 +228,54 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
         return {job.job_id: job.state for job in jobs}
 
     def launch(self, job_overrides, initial_job_idx: int) -> list[JobReturn]:
-        """Check, submit every run as one array, say where each goes, wait, and return their results."""
+        """Check, submit the runs (one array, or a wave at a time: `waves`), say where each goes, wait, and return
+        their results."""
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         executor = self.executor()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         nums = range(initial_job_idx, initial_job_idx + len(job_overrides))
         folders = [self.run_folder(list(o), num) for o, num in zip(job_overrides, nums)]
         self.runs = {num: str(sweep_dir.absolute() / folder) for num, folder in zip(nums, folders)}  # for the jobs
+        jobs, states = [], {}
+        for wave in self.waves(len(nums)):
+            submitted = self.submit(executor, [job_overrides[i] for i in wave], [nums[i] for i in wave])
+            logs = Path(submitted[0].paths.folder).parent
+            print(f"submitted {which(wave, len(nums))} as {self._EXECUTOR} job "
+                  f"{submitted[0].job_id.split('_')[0]}; job logs in {logs}", flush=True)
+            for job, i in zip(submitted, wave):
+                print(f"  {job.job_id}: {folders[i]}  ({' '.join(filter_overrides(job_overrides[i]))})", flush=True)
+            self.named(submitted, [folders[i] for i in wave])
+            states |= self.wait(submitted, logs, done=len(jobs), runs=len(nums))
+            jobs += submitted
+        return self.returns(jobs, folders, states, sweep_dir)
+
+    def waves(self, runs: int) -> list[range]:
+        """The runs submitted together, each wave once the one before has ended: all at once (SLURM queues them
+        and runs array_parallelism of them at a time)."""
+        return [range(runs)]
+
+    def submit(self, executor, job_overrides: list, nums: list[int]) -> list:
+        """Submit runs `nums` as one array; a submission the scheduler refuses is one line."""
         with stops_on_config_error("memdefrag"):
             try:
                 with self.submitting():
-                    jobs = executor.map_array(self, [list(o) for o in job_overrides],
-                                              ["hydra.sweep.dir"] * len(nums), list(nums),
-                                              [f"job_id_for_{num}" for num in nums],
+                    return executor.map_array(self, [list(o) for o in job_overrides], ["hydra.sweep.dir"] * len(nums),
+                                              nums, [f"job_id_for_{num}" for num in nums],
                                               [Singleton.get_state()] * len(nums))
             except FailedJobError as err:   # what --test-only passed (SLURM checks no account or QOS there)
                 said = str(err).strip().splitlines()
                 raise ConfigError(f"{self._EXECUTOR} refused the submission ({said[-1] if said else 'no reason given'})"
                                   f": nothing was submitted; rerun the same command once it can be") from None
-        logs = Path(jobs[0].paths.folder).parent
-        print(f"submitted {len(jobs)} runs as {self._EXECUTOR} job {jobs[0].job_id.split('_')[0]}; "
-              f"job logs in {logs}", flush=True)
-        for job, overrides, folder in zip(jobs, job_overrides, folders):
-            print(f"  {job.job_id}: {folder}  ({' '.join(filter_overrides(overrides))})", flush=True)
-        self.named(jobs, folders)
-        return self.returns(jobs, folders, self.wait(jobs, logs), sweep_dir)
 
     def run_folder(self, overrides: list[str], num: int) -> str:
         """The folder name a job's run writes (hydra.sweep.subdir), as the job will compose it."""
         return sweep_subdir(self.hydra_context.config_loader.load_sweep_config(self.config, overrides), num)
 
-    def wait(self, jobs, logs: Path) -> dict[str, str]:
+    def wait(self, jobs, logs: Path, done: int = 0, runs: int | None = None) -> dict[str, str]:
         """Until every job has a result or has ended (seen so at two looks in a row: a result still missing is
-        not coming); a status line per change. Returns the last state of each job still without a result.
-        Interrupted (Ctrl-C, SIGTERM), cancel the jobs, so none stays queued behind a command that is gone."""
+        not coming); a status line per change, counting the `done` runs of earlier waves among all `runs`.
+        Returns the last state of each job still without a result. Interrupted (Ctrl-C, SIGTERM), cancel the
+        jobs, so none stays queued behind a command that is gone."""
         previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
         last, ended, since = None, False, None
         array = jobs[0].job_id.split("_")[0]
@@ -262,7 +288,7 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
                 states = self.states(waiting) if waiting else {}
                 counts = sorted(Counter(states.values()).items())
                 line = ", ".join([*(f"{n} {shown(state)}" for state, n in counts),
-                                  f"{len(jobs) - len(waiting)} of {len(jobs)} done"])
+                                  f"{done + len(jobs) - len(waiting)} of {runs or len(jobs)} done"])
                 # a job just (re)queued is PENDING without a reason until SLURM's next pass: the line waits for it
                 bare = "PENDING" in states.values()
                 since = (since or time.monotonic()) if bare else None
@@ -274,7 +300,7 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
                 if not waiting or ended and now_ended:
                     return states
                 ended = now_ended
-                time.sleep(1 if ended or unexplained else POLL_S)
+                time.sleep(1 if ended or unexplained else self.LOOK_EVERY_S)
         except KeyboardInterrupt:
             for job in jobs:
                 job.cancel(check=False)
@@ -302,10 +328,55 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
 class Local(Waiting):
     """hydra/launcher=local's part: each job runs under a controller process of submitit's, which a terminal's
     Ctrl-C reaches beside this command (one process group), and which prints its KeyboardInterrupt's traceback
-    under the command's one line. Its stderr goes to controllers.log in the jobs' log folder instead."""
+    under the command's one line. Its stderr goes to controllers.log in the jobs' log folder instead. The jobs
+    run `array_parallelism` at a time (one by default: jobs side by side share the machine's cores and GPU, which
+    a timed study's times must not), and see the GPUs this command sees (`jobs_gpus`)."""
+
+    OWN = ("array_parallelism",)
+    LOOK_EVERY_S = 1               # a local job's state is its process's, read at no cost
+
+    def setup(self, **kwargs) -> None:
+        """Settle gpus_per_node and check array_parallelism, before Hydra makes the sweep folder."""
+        super().setup(**kwargs)
+        self.visible: tuple[int, ...] = ()      # submitit's default: the first gpus_per_node devices
+        with stops_on_config_error("memdefrag"):
+            whole_number("hydra.launcher.array_parallelism", self.params["array_parallelism"])
+            if self.params.get("gpus_per_node") is None:
+                self.visible = jobs_gpus(str(self.config.model.device), os.environ, torch.cuda.device_count)
+                self.params["gpus_per_node"] = len(self.visible)
+
+    def executor(self):
+        executor = super().executor()
+        executor._executor.update_parameters(visible_gpus=self.visible)   # not a setting AutoExecutor passes on
+        return executor
+
+    def waves(self, runs: int) -> list[range]:
+        at_once = self.params["array_parallelism"]
+        return [range(first, min(first + at_once, runs)) for first in range(0, runs, at_once)]
 
     def submitting(self):
         return stderr_into(Path(self.params["submitit_folder"]).parent / "controllers.log")
+
+
+def jobs_gpus(device: str, environ, count) -> tuple[int, ...]:
+    """The GPUs a local job is given where hydra.launcher.gpus_per_node is null: none for a CPU model, else those
+    this command sees (CUDA_VISIBLE_DEVICES, or all `count()` where it is unset). submitit sets a job's
+    CUDA_VISIBLE_DEVICES to the first gpus_per_node devices, none without it: a GPU model's job ran on the CPU."""
+    if device == "cpu":
+        return ()
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return tuple(range(count()))
+    gpus = []
+    for index in (part.strip() for part in visible.split(",") if part.strip()):
+        if not index.lstrip("-").isdigit():
+            raise ConfigError(f"hydra/launcher=local: CUDA_VISIBLE_DEVICES={visible!r} names a device by "
+                              f"{index!r}, and a local job is given devices by index; give indices, or set "
+                              "hydra.launcher.gpus_per_node=N for the first N")
+        if int(index) < 0:          # CUDA hides a device listed after an invalid index
+            break
+        gpus.append(int(index))
+    return tuple(gpus)
 
 
 @contextmanager
