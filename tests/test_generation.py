@@ -4,7 +4,8 @@ tiny family, for every backend and every kind of read (none, text, the whole mem
 read, CacheBlend's recomputed one), and on the embedded models over the regression cache's experiments. The step
 traces whole under torch.compile(fullgraph=True): no branch on a device value, so no host sync inside what a GPU
 captures. A question's attention per key/value head on CUDA (methods/attention/grouped.py) is held here too: made
-to apply on the CPU, the same attention as copied heads and the same answers on every read."""
+to apply on the CPU, the same attention as copied heads and the same answers on every read. On CUDA a read laid out
+as the last captured one replays that graph."""
 
 import copy
 from collections import Counter
@@ -196,6 +197,26 @@ def test_the_cuda_graph_answers_as_the_eager_loop_on_cuda(tokenizer, read):
     finally:
         CapturedStep.__call__ = real
     assert on_graph == answers(model, tokenizer, KVPrefixBackend, read, "eager") and any(captured)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("decode", ["captured", "compiled"])
+def test_a_read_laid_out_as_the_last_replays_its_graph_and_answers_as_the_eager_loop(tokenizer, monkeypatch, decode):
+    """Vanilla's two questions between two stores read one placed memory: the second replays the graph the first
+    captured (one capture in all), and both answer as the eager loop."""
+    from tests.conftest import tiny_model
+    model = tiny_model("llama").cuda()
+    captures, graph = [], torch.cuda.CUDAGraph
+
+    class Counted(graph):
+        def capture_begin(self, *args, **kwargs):
+            captures.append(1)
+            return super().capture_begin(*args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Counted)
+    on_graph = answers(model, tokenizer, KVPrefixBackend, "vanilla", decode)
+    assert on_graph == answers(model, tokenizer, KVPrefixBackend, "vanilla", "eager") and len(captures) == 1
 
 
 @pytest.mark.gpu

@@ -283,9 +283,10 @@ def timings(answers: list[Answer], updates: int, short: list[Answer]) -> dict:
     """From one session's answers (before the updates, right after each of them, then the others) and the others
     asked again for fewer tokens (`short`, maybe none): the fastest total right after an update and the fastest
     other answer's phases, time to first token, per-token time (all of the answer's decoding: its fixed cache, a
-    captured one's eager warm-up and capture, every step), steady per-token time ((fastest full decoding -
-    fastest short decoding) / tokens more: what both budgets spend alike, the set-up, nearly cancels, as the
-    anchor leaves its own out; the short answers' fixed caches are a little smaller) and total time."""
+    captured one's eager warm-up and capture, none where it replays the last read's graph: generation.Kept, every
+    step), steady per-token time ((fastest full decoding - fastest short decoding) / tokens more: what both budgets
+    spend alike, the set-up, nearly cancels, as the anchor leaves its own out; the short answers' fixed caches are
+    a little smaller) and total time."""
     after_update, others = answers[1:1 + updates], answers[1 + updates:]
     best = min(others, key=lambda answer: sum(answer.seconds.values()))
     seconds = best.seconds
