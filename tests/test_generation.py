@@ -199,14 +199,33 @@ def test_the_cuda_graph_answers_as_the_eager_loop_on_cuda(tokenizer, read):
     assert on_graph == answers(model, tokenizer, KVPrefixBackend, read, "eager") and any(captured)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+ON_CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                          reason="needs a CUDA device")])
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_CUDA])
 @pytest.mark.parametrize("decode", ["captured", "compiled"])
-def test_a_read_laid_out_as_the_last_replays_its_graph_and_answers_as_the_eager_loop(tokenizer, monkeypatch, decode):
-    """Vanilla's two questions between two stores read one placed memory: the second replays the graph the first
-    captured (one capture in all), and both answer as the eager loop."""
+def test_a_read_laid_out_as_the_last_replays_its_graph_and_answers_as_the_eager_loop(tokenizer, monkeypatch, decode,
+                                                                                   device):
+    """One prefilled read decoded twice, on the same buffers: on CUDA the second answer replays the graph the
+    first captured (one capture in all); both are the eager loop's answer (on a CPU, where nothing is captured,
+    too)."""
+    from methods.attention.grouped import in_chunks
+    from methods.backends.kv_prefix import PrefixLayer
     from tests.conftest import tiny_model
-    model = tiny_model("llama").cuda()
+    from transformers.cache_utils import Cache
+    model = tiny_model("llama").to(device)
+    ids = torch.tensor([tokenizer("where did the cat sit")["input_ids"]], device=device)
+    config, new_tokens = model.config, 12
+    shape = (1, config.num_key_value_heads, in_chunks(ids.shape[1] + new_tokens, model.device),
+             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+    def prefilled() -> tuple:
+        cache = Cache(layers=[PrefixLayer(torch.zeros(shape, device=device), torch.zeros(shape, device=device))
+                              for _ in range(config.num_hidden_layers)])
+        logits = model(input_ids=ids, **{cache_keyword(model): cache}, use_cache=True).logits[0]
+        return logits, cache
+
     captures, graph = [], torch.cuda.CUDAGraph
 
     class Counted(graph):
@@ -215,8 +234,11 @@ def test_a_read_laid_out_as_the_last_replays_its_graph_and_answers_as_the_eager_
             return super().capture_begin(*args, **kwargs)
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Counted)
-    on_graph = answers(model, tokenizer, KVPrefixBackend, "vanilla", decode)
-    assert on_graph == answers(model, tokenizer, KVPrefixBackend, "vanilla", "eager") and len(captures) == 1
+    with torch.no_grad():
+        logits, cache = prefilled()
+        twice = [greedy(model, logits, cache, ids.shape[1], new_tokens, set(), decode=decode) for _ in range(2)]
+        eager = greedy(model, *prefilled(), ids.shape[1], new_tokens, set(), decode="eager")
+    assert twice == [eager, eager] and len(eager) == new_tokens and len(captures) == (device == "cuda")
 
 
 @pytest.mark.gpu
@@ -237,6 +259,7 @@ def test_a_capture_leaves_the_allocators_cache_alone_where_the_device_has_room(t
     roomy = answers(model, tokenizer, KVPrefixBackend, "vanilla", "captured")
     assert not emptied and torch.cuda.memory_reserved() >= reserved
     monkeypatch.setattr(generation, "CAPTURE_HEADROOM", torch.cuda.mem_get_info()[1] + 1)
+    generation.KEPT.clear()                                # no read replays the first answers' graph
     assert answers(model, tokenizer, KVPrefixBackend, "vanilla", "captured") == roomy and emptied
 
 
