@@ -6,6 +6,7 @@ step's small elementwise kernels, which a graph still runs one after another).""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -18,6 +19,7 @@ from transformers.cache_utils import Cache, StaticLayer
 
 from methods.attention.decoder import cache_keyword
 from methods.attention.grouped import in_chunks
+from methods.attention.tracing import baked
 
 Decode = StrEnum("Decode", ["eager", "captured", "compiled"])
 
@@ -149,10 +151,11 @@ def make_room_to_capture(device: torch.device) -> None:
 
 @dataclasses.dataclass
 class Kept:
-    """A model's last captured step, kept for the next read laid out as its own (`layout`): that read replays it
-    with no warm-up, capture or instantiation (37-50 ms an answer on the 8B shape, spread over its tokens). The
-    graph reads the read's keys and values where they lie and the lengths, ids and position where it was captured
-    (these go with it); everything that changes from read to read, as from token to token, is in those tensors."""
+    """A captured step kept for a later read laid out as its own (`layout`): that read replays it with no warm-up,
+    capture or instantiation (37-50 ms an answer on the 8B shape, spread over its tokens). The graph reads the
+    read's keys and values where they lie, and the lengths, ids and position where it was captured (these go with
+    it); what changes from read to read as from token to token is in those tensors, and what the attention's wraps
+    fix is in the layout (tracing.baked)."""
     layout: tuple
     graph: torch.cuda.CUDAGraph
     ids: torch.Tensor
@@ -161,24 +164,56 @@ class Kept:
     next: torch.Tensor
 
 
-KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()     # model -> its Kept, one: its pool a few MB
+# graphs kept per model, the last captured: each method a bench times in turn over one model reads its own layout
+KEEP_GRAPHS = 4
 
 
-def layout(kind: type, cache: Cache) -> tuple:
-    """Where and how a read's keys and values lie, all that a graph over them bakes in beside the model."""
-    return (kind, *((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for layer in cache.layers
-                    for t in (layer.keys, layer.values)))
+class Graphs:
+    """A model's kept graphs (each a private pool of a few MB) and how many reads have replayed one."""
+
+    def __init__(self):
+        self.kept: collections.OrderedDict[tuple, Kept] = collections.OrderedDict()
+        self.replays = 0
+
+    def find(self, layout: tuple | None) -> Kept | None:
+        kept = self.kept.get(layout) if layout is not None else None
+        if kept is not None:
+            self.kept.move_to_end(layout)
+            self.replays += 1
+        return kept
+
+    def keep(self, kept: Kept) -> None:
+        self.kept[kept.layout] = kept
+        while len(self.kept) > KEEP_GRAPHS:
+            self.kept.popitem(last=False)
+
+
+GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()      # model -> its Graphs
+
+
+def replays(model) -> int:
+    """Reads so far that replayed a graph kept on the model (Answer.replayed)."""
+    graphs = GRAPHS.get(model)
+    return 0 if graphs is None else graphs.replays
+
+
+def layout(kind: type, model, cache: Cache) -> tuple | None:
+    """All that a graph over the read bakes in beside the model: where and how its keys and values lie, and what
+    the attention's wraps fix; None where a wrap does not say (no graph is kept or replayed)."""
+    wraps = baked(model)
+    return None if wraps is None else (kind, wraps, *((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
+                                                      for layer in cache.layers for t in (layer.keys, layer.values)))
 
 
 class CapturedStep:
     """The step on fixed tensors (the last id, its position) over `fixed(cache)`: run as is on a CPU; on a GPU the
     first step runs on a side stream (warm-up), the second is captured as a CUDA graph (recorded, not run) and
-    every step from then on replays it. A read whose keys and values lie where the model's last captured read's did
-    (the same placed memory asked again, or buffers the allocator hands back at the same addresses) replays that
-    graph from its first step (`Kept`). Each graph has its own private memory pool (a pool shared across graphs is
-    freed with its last graph, and a later capture into the freed pool fails inside torch's allocator). The
-    capture calls CUDAGraph.capture_begin/capture_end itself, not torch.cuda.graph, so that it leaves the
-    allocator's cache alone (`make_room_to_capture`)."""
+    every step from then on replays it. A read whose keys and values lie where a kept captured read's did (the same
+    placed memory asked again, or buffers the allocator hands back at the same addresses), under the same attention
+    wraps, replays that graph from its first step (`Kept`). Each graph has its own private memory pool (a pool
+    shared across graphs is freed with its last graph, and a later capture into the freed pool fails inside torch's
+    allocator). The capture calls CUDAGraph.capture_begin/capture_end itself, not torch.cuda.graph, so that it
+    leaves the allocator's cache alone (`make_room_to_capture`)."""
 
     def __init__(self, model, cache, position: int, max_new_tokens: int):
         self.model, self.keyword = model, cache_keyword(model)
@@ -186,9 +221,10 @@ class CapturedStep:
         device = model.device
         self.cuda, self.graph, self.calls = device.type == "cuda", None, 0
         self.next_id = next_id
-        self.layout = layout(type(self), self.cache) if self.cuda else None
-        kept = KEPT.get(model)
-        if kept is not None and kept.layout == self.layout:
+        self.layout = layout(type(self), model, self.cache) if self.cuda else None
+        self.graphs = GRAPHS.setdefault(model, Graphs())
+        kept = self.graphs.find(self.layout)
+        if kept is not None:
             self.take(kept, position)
             return
         self.ids = torch.zeros((1, 1), dtype=torch.long, device=device)
@@ -227,8 +263,9 @@ class CapturedStep:
                 finally:                        # the stream leaves capture mode whatever happened inside
                     graph.capture_end()
             self.graph = graph                  # replayed from now on: only a graph captured whole
-            KEPT[self.model] = Kept(self.layout, graph, self.ids, self.position,
-                                    [layer.cumulative_length for layer in self.cache.layers], self.next)
+            if self.layout is not None:
+                self.graphs.keep(Kept(self.layout, graph, self.ids, self.position,
+                                      [layer.cumulative_length for layer in self.cache.layers], self.next))
             self.graph.replay()
         return self.next.clone()
 

@@ -17,7 +17,7 @@ from methods.compression.compressor import Compression, NoCompression
 from methods.forgetting import Forgetting, NoForgetting, pairing_refusal
 from methods.formation import Former, default_formation_batch, formation_header
 from methods.errors import ConfigError, given, one_of, whole_number
-from methods.generation import Decode, clock, default_decode, greedy, stop_ids
+from methods.generation import Decode, clock, default_decode, greedy, replays, stop_ids
 from methods.memory import LatentMemory
 from methods.phase_peaks import PeakWatch
 from methods.prompting import format_prompt, prompt_template, read_prompt
@@ -44,6 +44,7 @@ class Answer:
     peak_mb: dict[str, dict[str, float]] = field(default_factory=dict)   # on a GPU, the phases since the previous
                                   # question (its stores' and its own) that raised the allocator's running peak:
                                   # MiB allocated as each began and the peak it rose to (methods/phase_peaks.py)
+    replayed: bool = False        # its decoding replayed a graph kept from an earlier read: no warm-up or capture
 
     def ranked(self) -> dict:
         """For a record with a rank under `densities`: what ranked, where it was not attention density."""
@@ -257,7 +258,9 @@ class Session:
                 t2 = clock(device)
                 peaks.end("prefill")
                 self.window.decode()
+                replayed = replays(self.model)
                 new_ids = greedy(self.model, logits, cache, position, max_new_tokens, self.stop, decode=self.decode)
+                replayed = replays(self.model) > replayed
                 t3 = clock(device)
                 peaks.end("decode")
         recomputed = float(memory_tokens) if latent is None else \
@@ -266,6 +269,6 @@ class Session:
         answer = Answer(self.tokenizer.decode(new_ids, skip_special_tokens=True), memory_tokens, dens,
                         {**(plan.seconds or {"plan": t1 - t0}), "prefill": t2 - t1, "decode": t3 - t2},
                         len(new_ids), plan.read, len(prompt_ids), recomputed, plan.scored_by,
-                        self.stored_peak_mb | peaks.raised)
+                        self.stored_peak_mb | peaks.raised, replayed)
         self.stored_peak_mb = {}
         return answer

@@ -16,7 +16,7 @@ from tests.conftest import refusal, refused, save_tiny_checkpoint
 NQA_MISSING = "task.dataset=nqa"
 CASES = [
     (["method=nonsense"], "Could not find 'method/nonsense'; method is one of ape, ape_sharp, cacheblend, epic,"),
-    (["hydra/launcher=nonsense"], "hydra/launcher is one of basic, local, memdefrag_local, slurm, submitit_local, submitit_slurm"),
+    (["hydra/launcher=nonsense"], "hydra/launcher is one of basic, local, slurm, submitit_local, submitit_slurm"),
     (["task.grups=1"], "task.grups is not an option of Retention, which takes dataset, data_dir, groups, updates,"),
     (["thread=1"], "thread is not an option of Run, which takes model, method, task,"),
     (["~task"], "task: missing, a run needs a value"),

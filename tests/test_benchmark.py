@@ -1,5 +1,6 @@
 """memdefrag-bench end to end on a tiny random shape, the path a GPU run takes (--shape, --device, --dtype)."""
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -247,6 +248,13 @@ def test_the_steady_time_per_token_is_the_full_answers_decoding_less_the_shorter
     assert timing["per_token_ms"] == pytest.approx(1000 * 3.0 / 31)
     assert timings(asked, 1, [])["steady_per_token_ms"] is None
     assert [short_budget(n) for n in (32, 6, 5, 4, 2)] == [16, 3, 3, None, None]
+    # on a GPU an answer replaying a kept graph spends no set-up: each side is taken from answers alike in that
+    replayed = [answer(9.0, 32), answer(9.0, 32), dataclasses.replace(answer(2.9, 32), replayed=True), answer(3.0, 32)]
+    short = [answer(1.8, 16), dataclasses.replace(answer(1.2, 16), replayed=True)]
+    timing = timings(replayed, 1, short)
+    assert timing["steady_per_token_ms"] == pytest.approx(1000 * (2.9 - 1.2) / 16) and timing["replayed"]
+    assert timings(replayed, 1, short[:1])["steady_per_token_ms"] == pytest.approx(1000 * (3.0 - 1.8) / 16)
+    assert timings(replayed, 1, short[1:])["steady_per_token_ms"] == pytest.approx(1000 * (2.9 - 1.2) / 16)
 
 
 def test_the_profile_ranks_each_methods_kernels_by_their_time(tmp_path):

@@ -24,7 +24,9 @@ from methods.baselines import NoMemory, TextMemory, Vanilla
 from methods.attention.decoder import cache_keyword
 from methods.errors import ConfigError
 from methods import session as session_module
-from methods.generation import CapturedStep, compiled_next_id, default_decode, greedy
+from methods.formation import Former
+from methods.generation import CapturedStep, compiled_next_id, default_decode, fixed, greedy
+from methods.memory import LatentMemory
 from methods.memdefrag import MemDefrag
 from methods.peers.ape import APE
 from methods.peers.cacheblend import CacheBlend
@@ -241,6 +243,46 @@ def test_a_read_laid_out_as_the_last_replays_its_graph_and_answers_as_the_eager_
     assert twice == [eager, eager] and len(eager) == new_tokens and len(captures) == (device == "cuda")
 
 
+def stored(model, tokenizer) -> LatentMemory:
+    """FRAGMENTS formed into a memory, as the fast backend reads it."""
+    former, memory = Former(model, tokenizer, "shared_sink", keep_kv=True), LatentMemory()
+    for text in FRAGMENTS:
+        former.store(memory, text)
+    return memory
+
+
+def test_a_reads_layout_holds_what_the_attention_wraps_fix_and_none_under_a_wrap_that_does_not_say(llama,
+                                                                                                     tokenizer):
+    """Two APE reads over buffers alike but with other fragment bounds must not share a graph (the bounds are
+    Python values a capture fixes); a wrap that states nothing (a trace's) keeps and replays none."""
+    from methods.attention.parallel import parallel_attention
+    from methods.attention.tracing import attention_calls
+    from methods.generation import layout
+    cache = fixed(KVPrefixBackend(llama).cache(stored(llama, tokenizer), room=4), 4)
+    plain = layout(CapturedStep, llama, cache)
+    with parallel_attention(llama, (1, 10), 1.0, 1.0):
+        ape = layout(CapturedStep, llama, cache)
+    with parallel_attention(llama, (1, 12), 1.0, 1.0):
+        other = layout(CapturedStep, llama, cache)
+    with attention_calls(llama, lambda inner, *args, **kwargs: inner(*args, **kwargs)):
+        unstated = layout(CapturedStep, llama, cache)
+    assert len({plain, ape, other}) == 3 and unstated is None and plain == layout(CapturedStep, llama, cache)
+
+
+def test_a_kept_graph_takes_the_new_reads_lengths_and_position(llama, tokenizer):
+    """A read replaying a kept graph runs on that graph's tensors, set to its own lengths and position (the CPU
+    captures nothing: the tensors are checked, the graph is the CUDA test's)."""
+    from methods.generation import Kept
+    step = CapturedStep(llama, KVPrefixBackend(llama).cache(stored(llama, tokenizer), room=4), 9, 4)
+    filled = int(step.cache.layers[0].cumulative_length)
+    kept = Kept((), None, torch.zeros(1, 1, dtype=torch.long), torch.full((1, 1), 3),
+                [torch.tensor(0) for _ in step.cache.layers], torch.zeros(1, 1, dtype=torch.long))
+    step.take(kept, 9)
+    assert step.position is kept.position and int(step.position) == 9 and step.ids is kept.ids
+    assert all(layer.cumulative_length is length and int(length) == filled
+               for layer, length in zip(step.cache.layers, kept.lengths))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_capture_leaves_the_allocators_cache_alone_where_the_device_has_room(tokenizer, monkeypatch):
@@ -259,7 +301,7 @@ def test_a_capture_leaves_the_allocators_cache_alone_where_the_device_has_room(t
     roomy = answers(model, tokenizer, KVPrefixBackend, "vanilla", "captured")
     assert not emptied and torch.cuda.memory_reserved() >= reserved
     monkeypatch.setattr(generation, "CAPTURE_HEADROOM", torch.cuda.mem_get_info()[1] + 1)
-    generation.KEPT.clear()                                # no read replays the first answers' graph
+    generation.GRAPHS.clear()                              # no read replays the first answers' graphs
     assert answers(model, tokenizer, KVPrefixBackend, "vanilla", "captured") == roomy and emptied
 
 

@@ -27,7 +27,7 @@ from harness.errors import ConfigError
 from harness.report.compare import compare, markdown
 from harness.results.folder import read_jsonl
 from harness.plugins.contracts import check_first_record
-from harness.running.slurm import Requeue, TimeLimit, check_request, jobs_gpus, requeueing
+from harness.running.slurm import Requeue, TimeLimit, check_request, requeueing, seen_gpus
 from tests.conftest import as_in_a_terminal, refusal, refused, tiny_overrides
 from tests.test_docs import blocks, command_lines
 
@@ -360,40 +360,58 @@ def test_a_local_sweep_runs_array_parallelism_jobs_at_a_time(tmp_path, tiny_chec
     assert all((sweep / run / "run.json").is_file() for run in ("none_unbounded_synthetic", RUN))
 
 
-@pytest.mark.parametrize("device, visible, gpus", [
-    ("auto", None, (0, 1)), ("cuda", "2,5", (2, 5)), ("auto", "", ()), ("auto", "1,-1,3", (1,)),
-    ("cpu", "0", ())])
-def test_a_local_job_sees_the_gpus_this_command_sees(device, visible, gpus):
-    """gpus_per_node null: a GPU model's local jobs get the devices of CUDA_VISIBLE_DEVICES (all, unset; up to an
-    invalid index, as CUDA reads it), a CPU model's none; submitit alone gave every job none."""
-    environ = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
-    assert jobs_gpus(device, environ, lambda: 2) == gpus
+def test_a_sigterm_in_a_later_wave_cancels_its_job_in_one_line(tmp_path, tiny_checkpoint):
+    """`timeout` signals a local sweep's whole process group while its second wave runs: the command cancels that
+    wave's job, says so in one line (exit 130), and no process of the sweep stays; the first run's results stay."""
+    sweep = tmp_path / "sweep"
+    command = [sys.executable, "-m", "harness", *sweep_args(tiny_checkpoint, sweep, "method=memdefrag_top2",
+                                                            "task.groups=1,40", "hydra/launcher=local", updates=6)]
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)                 # a group of its own, as under `timeout`
+    until(lambda: len(list(sweep.glob("*/groups.jsonl"))) == 2, 240, "the second run's first group")
+    os.killpg(process.pid, signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    second = re.findall(r"^  (\S+): ", out, re.MULTILINE)[1]
+    assert process.returncode == 130 and err.splitlines() == [
+        f"memdefrag: interrupted: cancelled job {second}; rerun the same command to resume (finished groups are "
+        f"kept)"], err
+    until(lambda: not group_alive(process.pid), 30, "every process of the sweep ended")
 
 
-def test_a_local_launcher_gives_submitit_the_gpus_and_refuses_a_bad_parallelism(monkeypatch, capsys):
-    """The executor the local launcher builds carries the command's GPUs (AutoExecutor takes no visible_gpus);
-    a device named by UUID, and array_parallelism below 1, are one line each."""
+@pytest.mark.parametrize("visible, gpus", [(None, (0, 1)), ("2,5", (2, 5)), ("", ()), ("1,-1,3", (1,))])
+def test_a_local_job_sees_the_gpus_this_command_sees(visible, gpus):
+    """The GPUs a local job may be given: CUDA_VISIBLE_DEVICES's (up to an invalid index, as CUDA reads it), all
+    where it is unset; submitit alone gave every job none."""
+    assert seen_gpus({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}, lambda: 2) == gpus
+
+
+def test_a_local_launcher_gives_submitit_the_gpus_and_refuses_what_it_cannot_give(monkeypatch, capsys):
+    """The executor the local launcher builds carries the command's GPUs (AutoExecutor takes no visible_gpus):
+    all of them, the first gpus_per_node, none for a CPU model. A device named by UUID, more GPUs than the command
+    sees, a negative count, and array_parallelism below 1 are one line each."""
     from hydra_plugins.memdefrag_launchers import LocalLauncher
 
-    def launcher(**params):
+    def launcher(device="auto", **params):
         made = LocalLauncher(submitit_folder="/tmp/unused", timeout_min=1, **{"array_parallelism": 1, **params})
-        made.setup(hydra_context=None, task_function=None, config=OmegaConf.create({"model": {"device": "auto"}}))
-        return made
+        made.setup(hydra_context=None, task_function=None, config=OmegaConf.create({"model": {"device": device}}))
+        return made.executor()._executor.parameters
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
-    parameters = launcher(gpus_per_node=None).executor()._executor.parameters
-    assert (parameters["gpus_per_node"], parameters["visible_gpus"]) == (2, (2, 5))
-    assert launcher(gpus_per_node=1).executor()._executor.parameters["visible_gpus"] == ()
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f2e")
-    for params, line in [
-            ({"gpus_per_node": None}, "memdefrag: error: hydra/launcher=local: CUDA_VISIBLE_DEVICES='GPU-8f2e' names a "
-             "device by 'GPU-8f2e', and a local job is given devices by index; give indices, or set "
-             "hydra.launcher.gpus_per_node=N for the first N"),
-            ({"gpus_per_node": 0, "array_parallelism": 0},
-             "memdefrag: error: hydra.launcher.array_parallelism=0 must be an integer >= 1")]:
+    given = [launcher(gpus_per_node=None), launcher(gpus_per_node=1), launcher("cpu", gpus_per_node=None)]
+    assert [(p["gpus_per_node"], p["visible_gpus"]) for p in given] == [(2, (2, 5)), (1, (2,)), (0, ())]
+    for environ, params, line in [
+            ("GPU-8f2e", {"gpus_per_node": None}, "hydra/launcher=local: CUDA_VISIBLE_DEVICES='GPU-8f2e' names a "
+             "device by 'GPU-8f2e', and a local job is given devices by index: give their indices (nvidia-smi -L "
+             "lists them)"),
+            ("2,5", {"gpus_per_node": 3}, "hydra.launcher.gpus_per_node=3: this command sees 2 GPUs "
+             "(CUDA_VISIBLE_DEVICES=2,5); ask for at most that many, or null for all of them"),
+            ("2,5", {"gpus_per_node": -1}, "hydra.launcher.gpus_per_node=-1 must be an integer >= 0, or null"),
+            ("2,5", {"gpus_per_node": 0, "array_parallelism": 0},
+             "hydra.launcher.array_parallelism=0 must be an integer >= 1")]:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", environ)
         with pytest.raises(SystemExit) as stopped:
             launcher(**params)
-        assert stopped.value.code == 2 and capsys.readouterr().err.splitlines() == [line]
+        assert stopped.value.code == 2 and capsys.readouterr().err.splitlines() == [f"memdefrag: error: {line}"]
 
 
 def group_alive(group: int) -> bool:

@@ -283,20 +283,22 @@ def timings(answers: list[Answer], updates: int, short: list[Answer]) -> dict:
     """From one session's answers (before the updates, right after each of them, then the others) and the others
     asked again for fewer tokens (`short`, maybe none): the fastest total right after an update and the fastest
     other answer's phases, time to first token, per-token time (all of the answer's decoding: its fixed cache, a
-    captured one's eager warm-up and capture, none where it replays the last read's graph: generation.Kept, every
-    step), steady per-token time ((fastest full decoding - fastest short decoding) / tokens more: what both budgets
-    spend alike, the set-up, nearly cancels, as the anchor leaves its own out; the short answers' fixed caches are
-    a little smaller) and total time."""
+    captured one's eager warm-up and capture, none where it replayed a kept graph: `replayed`, every step), steady
+    per-token time and total time. Steady: (fastest full decoding - fastest short decoding) / tokens more, the two
+    alike in replaying or not, so that the set-up, spent alike, nearly cancels, as the anchor leaves its own out
+    (the short answers' fixed caches are a little smaller); replayed ones first, none where no two are alike."""
     after_update, others = answers[1:1 + updates], answers[1 + updates:]
     best = min(others, key=lambda answer: sum(answer.seconds.values()))
     seconds = best.seconds
     to_first_token = sum(v for k, v in seconds.items() if k != "decode")
     steady = None
-    if short:
-        full, less = (min(asked, key=lambda answer: answer.seconds["decode"]) for asked in (others, short))
-        steady = 1000 * (full.seconds["decode"] - less.seconds["decode"]) / (full.tokens - less.tokens)
+    for replayed in (True, False):
+        alike = [[answer for answer in asked if answer.replayed == replayed] for asked in (others, short)]
+        if steady is None and all(alike):
+            full, less = (min(asked, key=lambda answer: answer.seconds["decode"]) for asked in alike)
+            steady = 1000 * (full.seconds["decode"] - less.seconds["decode"]) / (full.tokens - less.tokens)
     return {"update_total_s": min(sum(answer.seconds.values()) for answer in after_update), "ttft_s": to_first_token,
-            "per_token_ms": 1000 * seconds["decode"] / max(best.tokens - 1, 1),
+            "per_token_ms": 1000 * seconds["decode"] / max(best.tokens - 1, 1), "replayed": best.replayed,
             "steady_per_token_ms": steady,
             "total_s": to_first_token + seconds["decode"], "trace_s": seconds.get("trace", 0.0), "tokens": best.tokens,
             "recomputed": best.recomputed, "prompt_tokens": best.prompt_tokens,

@@ -237,17 +237,36 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
         folders = [self.run_folder(list(o), num) for o, num in zip(job_overrides, nums)]
         self.runs = {num: str(sweep_dir.absolute() / folder) for num, folder in zip(nums, folders)}  # for the jobs
         jobs, states = [], {}
-        for wave in self.waves(len(nums)):
-            submitted = self.submit(executor, [job_overrides[i] for i in wave], [nums[i] for i in wave])
-            logs = Path(submitted[0].paths.folder).parent
-            print(f"submitted {which(wave, len(nums))} as {self._EXECUTOR} job "
-                  f"{submitted[0].job_id.split('_')[0]}; job logs in {logs}", flush=True)
-            for job, i in zip(submitted, wave):
-                print(f"  {job.job_id}: {folders[i]}  ({' '.join(filter_overrides(job_overrides[i]))})", flush=True)
-            self.named(submitted, [folders[i] for i in wave])
-            states |= self.wait(submitted, logs, done=len(jobs), runs=len(nums))
-            jobs += submitted
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+        try:
+            for wave in self.waves(len(nums)):
+                submitted = self.submit(executor, [job_overrides[i] for i in wave], [nums[i] for i in wave])
+                jobs += submitted
+                logs = Path(submitted[0].paths.folder).parent
+                print(f"submitted {which(wave, len(nums))} as {self._EXECUTOR} job "
+                      f"{submitted[0].job_id.split('_')[0]}; job logs in {logs}", flush=True)
+                for job, i in zip(submitted, wave):
+                    print(f"  {job.job_id}: {folders[i]}  ({' '.join(filter_overrides(job_overrides[i]))})",
+                          flush=True)
+                self.named(submitted, [folders[i] for i in wave])
+                states |= self.wait(submitted, logs, done=len(jobs) - len(submitted), runs=len(nums))
+        except KeyboardInterrupt:        # Ctrl-C or SIGTERM, while a wave runs or between two
+            self.cancel(jobs)
+        finally:
+            put_back(signal.SIGTERM, previous)
         return self.returns(jobs, folders, states, sweep_dir)
+
+    @staticmethod
+    def cancel(jobs) -> None:
+        """Cancel the jobs still without a result, so that none stays queued or running behind a command that is
+        gone; one line, exit 130."""
+        running = [job for job in jobs if not job.paths.result_pickle.exists()]
+        for job in running:
+            job.cancel(check=False)
+        arrays = sorted({job.job_id.split("_")[0] for job in running})
+        print(f"memdefrag: interrupted: {'cancelled job ' + ', '.join(arrays) if arrays else 'no job was running'}; "
+              f"rerun the same command to resume (finished groups are kept)", file=sys.stderr)
+        sys.exit(130)
 
     def waves(self, runs: int) -> list[range]:
         """The runs submitted together, each wave once the one before has ended: all at once (SLURM queues them
@@ -274,41 +293,30 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
     def wait(self, jobs, logs: Path, done: int = 0, runs: int | None = None) -> dict[str, str]:
         """Until every job has a result or has ended (seen so at two looks in a row: a result still missing is
         not coming); a status line per change, counting the `done` runs of earlier waves among all `runs`.
-        Returns the last state of each job still without a result. Interrupted (Ctrl-C, SIGTERM), cancel the
-        jobs, so none stays queued behind a command that is gone."""
-        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+        Returns the last state of each job still without a result."""
         last, ended, since = None, False, None
         array = jobs[0].job_id.split("_")[0]
-        try:
-            while True:
-                waiting = [job for job in jobs if not job.paths.result_pickle.exists()]
-                if ended and waiting and hasattr(waiting[0], "watcher"):
-                    waiting[0].watcher.update()     # the confirming look reads the queue afresh: submitit keeps a
-                                                    # reading for seconds, and a requeue passes through FAILED
-                states = self.states(waiting) if waiting else {}
-                counts = sorted(Counter(states.values()).items())
-                line = ", ".join([*(f"{n} {shown(state)}" for state, n in counts),
-                                  f"{done + len(jobs) - len(waiting)} of {runs or len(jobs)} done"])
-                # a job just (re)queued is PENDING without a reason until SLURM's next pass: the line waits for it
-                bare = "PENDING" in states.values()
-                since = (since or time.monotonic()) if bare else None
-                unexplained = bare and time.monotonic() < since + POLL_S
-                if line != last and not unexplained:
-                    print(f"[{time.strftime('%H:%M:%S')}] job {array}: {line}; logs in {logs}", flush=True)
-                    last = line
-                now_ended = all(state.split()[0] in ENDED for state in states.values())
-                if not waiting or ended and now_ended:
-                    return states
-                ended = now_ended
-                time.sleep(1 if ended or unexplained else self.LOOK_EVERY_S)
-        except KeyboardInterrupt:
-            for job in jobs:
-                job.cancel(check=False)
-            print(f"memdefrag: interrupted: cancelled job {array}; rerun the same command to resume "
-                  f"(finished groups are kept)", file=sys.stderr)
-            sys.exit(130)
-        finally:
-            put_back(signal.SIGTERM, previous)
+        while True:
+            waiting = [job for job in jobs if not job.paths.result_pickle.exists()]
+            if ended and waiting and hasattr(waiting[0], "watcher"):
+                waiting[0].watcher.update()     # the confirming look reads the queue afresh: submitit keeps a
+                                                # reading for seconds, and a requeue passes through FAILED
+            states = self.states(waiting) if waiting else {}
+            counts = sorted(Counter(states.values()).items())
+            line = ", ".join([*(f"{n} {shown(state)}" for state, n in counts),
+                              f"{done + len(jobs) - len(waiting)} of {runs or len(jobs)} done"])
+            # a job just (re)queued is PENDING without a reason until SLURM's next pass: the line waits for it
+            bare = "PENDING" in states.values()
+            since = (since or time.monotonic()) if bare else None
+            unexplained = bare and time.monotonic() < since + POLL_S
+            if line != last and not unexplained:
+                print(f"[{time.strftime('%H:%M:%S')}] job {array}: {line}; logs in {logs}", flush=True)
+                last = line
+            now_ended = all(state.split()[0] in ENDED for state in states.values())
+            if not waiting or ended and now_ended:
+                return states
+            ended = now_ended
+            time.sleep(1 if ended or unexplained else self.LOOK_EVERY_S)
 
     def returns(self, jobs, folders: list[str], states: dict[str, str], sweep_dir: Path) -> list[JobReturn]:
         """Every job's result; where some failed: the summary of what finished, a line per failed job, exit 2."""
@@ -330,20 +338,28 @@ class Local(Waiting):
     Ctrl-C reaches beside this command (one process group), and which prints its KeyboardInterrupt's traceback
     under the command's one line. Its stderr goes to controllers.log in the jobs' log folder instead. The jobs
     run `array_parallelism` at a time (one by default: jobs side by side share the machine's cores and GPU, which
-    a timed study's times must not), and see the GPUs this command sees (`jobs_gpus`)."""
+    a timed study's times must not), and see the GPUs this command sees (`seen_gpus`): all of them, or the first
+    gpus_per_node, none for a CPU model."""
 
     OWN = ("array_parallelism",)
     LOOK_EVERY_S = 1               # a local job's state is its process's, read at no cost
 
     def setup(self, **kwargs) -> None:
-        """Settle gpus_per_node and check array_parallelism, before Hydra makes the sweep folder."""
+        """Settle the GPUs each job sees and check array_parallelism, before Hydra makes the sweep folder."""
         super().setup(**kwargs)
-        self.visible: tuple[int, ...] = ()      # submitit's default: the first gpus_per_node devices
         with stops_on_config_error("memdefrag"):
             whole_number("hydra.launcher.array_parallelism", self.params["array_parallelism"])
-            if self.params.get("gpus_per_node") is None:
-                self.visible = jobs_gpus(str(self.config.model.device), os.environ, torch.cuda.device_count)
-                self.params["gpus_per_node"] = len(self.visible)
+            asked = self.params.get("gpus_per_node")
+            whole_number("hydra.launcher.gpus_per_node", asked, least=0, or_null=True)
+            self.visible: tuple[int, ...] = ()
+            if asked != 0 and not (asked is None and str(self.config.model.device) == "cpu"):
+                seen = seen_gpus(os.environ, torch.cuda.device_count)
+                if asked is not None and asked > len(seen):
+                    raise ConfigError(f"hydra.launcher.gpus_per_node={asked}: this command sees {len(seen)} GPUs "
+                                      f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+                                      "ask for at most that many, or null for all of them")
+                self.visible = seen[:asked]
+            self.params["gpus_per_node"] = len(self.visible)
 
     def executor(self):
         executor = super().executor()
@@ -358,12 +374,10 @@ class Local(Waiting):
         return stderr_into(Path(self.params["submitit_folder"]).parent / "controllers.log")
 
 
-def jobs_gpus(device: str, environ, count) -> tuple[int, ...]:
-    """The GPUs a local job is given where hydra.launcher.gpus_per_node is null: none for a CPU model, else those
-    this command sees (CUDA_VISIBLE_DEVICES, or all `count()` where it is unset). submitit sets a job's
-    CUDA_VISIBLE_DEVICES to the first gpus_per_node devices, none without it: a GPU model's job ran on the CPU."""
-    if device == "cpu":
-        return ()
+def seen_gpus(environ, count) -> tuple[int, ...]:
+    """The GPUs this command sees, by index: CUDA_VISIBLE_DEVICES up to its first invalid index (as CUDA reads
+    it), or all `count()` where it is unset. submitit gives a local job CUDA_VISIBLE_DEVICES itself (the first
+    gpus_per_node of the machine's, none without it: a GPU model's job ran on the CPU), so `Local` hands it these."""
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return tuple(range(count()))
@@ -371,9 +385,9 @@ def jobs_gpus(device: str, environ, count) -> tuple[int, ...]:
     for index in (part.strip() for part in visible.split(",") if part.strip()):
         if not index.lstrip("-").isdigit():
             raise ConfigError(f"hydra/launcher=local: CUDA_VISIBLE_DEVICES={visible!r} names a device by "
-                              f"{index!r}, and a local job is given devices by index; give indices, or set "
-                              "hydra.launcher.gpus_per_node=N for the first N")
-        if int(index) < 0:          # CUDA hides a device listed after an invalid index
+                              f"{index!r}, and a local job is given devices by index: give their indices "
+                              "(nvidia-smi -L lists them)")
+        if int(index) < 0:
             break
         gpus.append(int(index))
     return tuple(gpus)

@@ -27,4 +27,4 @@ class LocalConf(LocalQueueConf):
     array_parallelism: int = 1              # jobs running at once
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="memdefrag_local", node=LocalConf(), provider="memdefrag")
+ConfigStore.instance().store(group="hydra/launcher", name="local_schema", node=LocalConf(), provider="memdefrag")

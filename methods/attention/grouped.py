@@ -142,5 +142,5 @@ def grouped_attention(model):
             return packed(query, key, value, attention_mask, kwargs.get("scaling")), None
         return inner(module, query, key, value, attention_mask, **kwargs)
 
-    with attention_calls(model, wrap):
+    with attention_calls(model, wrap, bakes="grouped"):     # its choices follow the call's shapes alone
         yield

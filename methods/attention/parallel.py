@@ -42,5 +42,5 @@ def parallel_attention(model, context: tuple[int, int], temperature: float, scal
         scores = masked_scores(query, key, attention_mask, scaling, softcap)
         return attended(merged_probabilities(scores, context, temperature, scale, s_aux), value), None
 
-    with attention_calls(model, merged):
+    with attention_calls(model, merged, bakes=("parallel", context, temperature, scale)):
         yield

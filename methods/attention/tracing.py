@@ -176,13 +176,19 @@ def recording_attention(model, layers: list[int], prompt_len: int):
                            f"without an attention function the harness can watch, so their rows cannot be traced")
 
 
+# per attention implementation, what each wrap installed now fixes in a step a CUDA graph captures (`attention_calls`)
+BAKES: dict[str, list] = {}
+
+
 @contextmanager
-def attention_calls(model, wrap):
+def attention_calls(model, wrap, bakes=None):
     """Every attention-function call of the model's layers goes through
     wrap(inner, module, query, key, value, attention_mask, **kwargs), `inner` being the function the model
     would have called: the wrap already around it (so that wraps nest), else the model's own; the one way this
     project changes how attention is computed (tracing, recomputation, parallel reading, grouped heads). Families
-    computing attention inline (see `through_attention_functions`) are not reached."""
+    computing attention inline (see `through_attention_functions`) are not reached. bakes: the Python values the
+    wrap computes with (hashable), which a captured decoding step keeps as they were at its capture; None where
+    they are not stated, and no graph captured under the wrap is replayed for another read (`baked`)."""
     impl = model.config._attn_implementation
     had_local = impl in ALL_ATTENTION_FUNCTIONS._local_mapping
     previous = ALL_ATTENTION_FUNCTIONS._local_mapping.get(impl)
@@ -191,13 +197,23 @@ def attention_calls(model, wrap):
         return wrap(previous if had_local else _inner(impl, module), module, *args, **kwargs)
 
     ALL_ATTENTION_FUNCTIONS[impl] = wrapped
+    stated = BAKES.setdefault(impl, [])
+    stated.append(bakes)
     try:
         yield
     finally:
+        stated.pop()
         if had_local:
             ALL_ATTENTION_FUNCTIONS[impl] = previous
         else:
             del ALL_ATTENTION_FUNCTIONS[impl]
+
+
+def baked(model) -> tuple | None:
+    """What the wraps around the model's attention calls now fix in a captured step, outermost last; None where
+    one does not say."""
+    stated = tuple(BAKES.get(model.config._attn_implementation, ()))
+    return None if None in stated else stated
 
 
 def _inner(impl: str, module):
