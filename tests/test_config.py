@@ -30,7 +30,8 @@ def test_the_launchers_compose_to_submitit(launcher, target):
     with initialize_config_module("conf", version_base="1.3"):
         cfg = compose("config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
     assert cfg.hydra.launcher._target_ == f"hydra_plugins.memdefrag_launchers.{target}"    # harness/running/slurm.py
-    assert cfg.hydra.launcher.gpus_per_node == (None if launcher == "slurm" else 0)     # slurm: from model.device
+    assert cfg.hydra.launcher.gpus_per_node is None            # settled from model.device (and, local, the GPUs seen)
+    assert launcher == "slurm" or cfg.hydra.launcher.array_parallelism == 1      # local: one job at a time
 
 
 def test_every_model_config_composes():
