@@ -10,6 +10,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import itertools
 import time
 import weakref
 from enum import StrEnum
@@ -164,8 +165,9 @@ class Kept:
     next: torch.Tensor
 
 
-# graphs kept per model, the last captured: each method a bench times in turn over one model reads its own layout
-KEEP_GRAPHS = 4
+# graphs kept per model, the last captured: the bench asks its methods in turn over one model, each a full and a
+# shorter answer, which may lie apart (a cycle of more layouts than are kept never replays one)
+KEEP_GRAPHS = 16
 
 
 class Graphs:
@@ -198,11 +200,15 @@ def replays(model) -> int:
 
 
 def layout(kind: type, model, cache: Cache) -> tuple | None:
-    """All that a graph over the read bakes in beside the model: where and how its keys and values lie, and what
-    the attention's wraps fix; None where a wrap does not say (no graph is kept or replayed)."""
+    """All that a graph over the read bakes in: where the model's weights lie (a cast moves them), where and how
+    the read's keys and values lie, and what the attention's wraps fix; None where a wrap does not say (no graph
+    is kept or replayed)."""
     wraps = baked(model)
-    return None if wraps is None else (kind, wraps, *((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
-                                                      for layer in cache.layers for t in (layer.keys, layer.values)))
+    if wraps is None:
+        return None
+    weights = tuple(t.data_ptr() for t in itertools.chain(model.parameters(), model.buffers()))
+    return (kind, wraps, weights, *((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
+                                    for layer in cache.layers for t in (layer.keys, layer.values)))
 
 
 class CapturedStep:

@@ -5,7 +5,7 @@ read, CacheBlend's recomputed one), and on the embedded models over the regressi
 traces whole under torch.compile(fullgraph=True): no branch on a device value, so no host sync inside what a GPU
 captures. A question's attention per key/value head on CUDA (methods/attention/grouped.py) is held here too: made
 to apply on the CPU, the same attention as copied heads and the same answers on every read. On CUDA a read laid out
-as the last captured one replays that graph."""
+as a kept captured one replays that graph."""
 
 import copy
 from collections import Counter
@@ -25,7 +25,7 @@ from methods.attention.decoder import cache_keyword
 from methods.errors import ConfigError
 from methods import session as session_module
 from methods.formation import Former
-from methods.generation import CapturedStep, compiled_next_id, default_decode, fixed, greedy
+from methods.generation import CapturedStep, compiled_next_id, default_decode, fixed, greedy, replays
 from methods.memory import LatentMemory
 from methods.memdefrag import MemDefrag
 from methods.peers.ape import APE
@@ -240,7 +240,8 @@ def test_a_read_laid_out_as_the_last_replays_its_graph_and_answers_as_the_eager_
         logits, cache = prefilled()
         twice = [greedy(model, logits, cache, ids.shape[1], new_tokens, set(), decode=decode) for _ in range(2)]
         eager = greedy(model, *prefilled(), ids.shape[1], new_tokens, set(), decode="eager")
-    assert twice == [eager, eager] and len(eager) == new_tokens and len(captures) == (device == "cuda")
+    assert twice == [eager, eager] and len(eager) == new_tokens
+    assert len(captures) == replays(model) == (device == "cuda")
 
 
 def stored(model, tokenizer) -> LatentMemory:
@@ -254,7 +255,8 @@ def stored(model, tokenizer) -> LatentMemory:
 def test_a_reads_layout_holds_what_the_attention_wraps_fix_and_none_under_a_wrap_that_does_not_say(llama,
                                                                                                      tokenizer):
     """Two APE reads over buffers alike but with other fragment bounds must not share a graph (the bounds are
-    Python values a capture fixes); a wrap that states nothing (a trace's) keeps and replays none."""
+    Python values a capture fixes), nor a read after the weights moved; a wrap that states nothing (a trace's) keeps
+    and replays none."""
     from methods.attention.parallel import parallel_attention
     from methods.attention.tracing import attention_calls
     from methods.generation import layout
@@ -267,6 +269,12 @@ def test_a_reads_layout_holds_what_the_attention_wraps_fix_and_none_under_a_wrap
     with attention_calls(llama, lambda inner, *args, **kwargs: inner(*args, **kwargs)):
         unstated = layout(CapturedStep, llama, cache)
     assert len({plain, ape, other}) == 3 and unstated is None and plain == layout(CapturedStep, llama, cache)
+    weight = llama.lm_head.weight
+    kept, weight.data = weight.data, weight.data.clone()          # moved, as a cast moves it
+    try:
+        assert layout(CapturedStep, llama, cache) != plain
+    finally:
+        weight.data = kept
 
 
 def test_a_kept_graph_takes_the_new_reads_lengths_and_position(llama, tokenizer):

@@ -251,7 +251,7 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
                 self.named(submitted, [folders[i] for i in wave])
                 states |= self.wait(submitted, logs, done=len(jobs) - len(submitted), runs=len(nums))
         except KeyboardInterrupt:        # Ctrl-C or SIGTERM, while a wave runs or between two
-            self.cancel(jobs)
+            self.cancel([job for job in jobs if job.job_id not in states])     # not one of an ended wave
         finally:
             put_back(signal.SIGTERM, previous)
         return self.returns(jobs, folders, states, sweep_dir)
@@ -259,7 +259,7 @@ class Waiting(submitit_launcher.BaseSubmititLauncher):
     @staticmethod
     def cancel(jobs) -> None:
         """Cancel the jobs still without a result, so that none stays queued or running behind a command that is
-        gone; one line, exit 130."""
+        gone; one line, exit 130. (Interrupted inside a submission, the jobs it made are not known yet.)"""
         running = [job for job in jobs if not job.paths.result_pickle.exists()]
         for job in running:
             job.cancel(check=False)
@@ -338,8 +338,8 @@ class Local(Waiting):
     Ctrl-C reaches beside this command (one process group), and which prints its KeyboardInterrupt's traceback
     under the command's one line. Its stderr goes to controllers.log in the jobs' log folder instead. The jobs
     run `array_parallelism` at a time (one by default: jobs side by side share the machine's cores and GPU, which
-    a timed study's times must not), and see the GPUs this command sees (`seen_gpus`): all of them, or the first
-    gpus_per_node, none for a CPU model."""
+    a timed study's times must not), and see the GPUs this command sees (`seen_gpus`): the first gpus_per_node, or
+    where it is null all of them, none for a CPU model."""
 
     OWN = ("array_parallelism",)
     LOOK_EVERY_S = 1               # a local job's state is its process's, read at no cost

@@ -186,9 +186,10 @@ def attention_calls(model, wrap, bakes=None):
     wrap(inner, module, query, key, value, attention_mask, **kwargs), `inner` being the function the model
     would have called: the wrap already around it (so that wraps nest), else the model's own; the one way this
     project changes how attention is computed (tracing, recomputation, parallel reading, grouped heads). Families
-    computing attention inline (see `through_attention_functions`) are not reached. bakes: the Python values the
-    wrap computes with (hashable), which a captured decoding step keeps as they were at its capture; None where
-    they are not stated, and no graph captured under the wrap is replayed for another read (`baked`)."""
+    computing attention inline (see `through_attention_functions`) are not reached. bakes: the plain Python values
+    the wrap computes with (its name first), which a captured decoding step keeps as they were at its capture;
+    None where they are not stated, and no graph captured under the wrap is replayed for another read (`baked`)."""
+    hash(bakes)                                 # a graph's layout is a dictionary key: refused here, not on a GPU
     impl = model.config._attn_implementation
     had_local = impl in ALL_ATTENTION_FUNCTIONS._local_mapping
     previous = ALL_ATTENTION_FUNCTIONS._local_mapping.get(impl)
