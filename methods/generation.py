@@ -84,18 +84,39 @@ def fixed(cache: Cache, budget: int) -> Cache:
     """The cache as one of fixed size with room for `budget` more positions: each layer's own buffers where they
     have that room, in whole chunks where a step's attention splits them (methods/attention/grouped.py; the fast
     backend sizes them so for the read: memory view + prompt + answer budget), else new ones the filled part is
-    copied into (hidden_prefix's and text memory's grown caches)."""
-    layers = []
+    copied into (hidden_prefix's and text memory's grown caches: `grown`)."""
+    own = []
     for layer in cache.layers:
-        filled = layer.keys.shape[2]
         keys, values = getattr(layer, "_k", None), getattr(layer, "_v", None)     # PrefixLayer's buffers
-        device = layer.keys.device
-        if keys is None or keys.shape[2] < filled + budget or keys.shape[2] != in_chunks(keys.shape[2], device):
-            room = in_chunks(filled + budget, device) - filled
-            keys, values = (torch.cat([t, t.new_empty(*t.shape[:2], room, t.shape[3])], dim=2)
-                            for t in (layer.keys, layer.values))
-        layers.append(ReadLayer(keys, values, filled))
-    return Cache(layers=layers)
+        filled, device = layer.keys.shape[2], layer.keys.device
+        fits = keys is not None and keys.shape[2] >= filled + budget and keys.shape[2] == in_chunks(keys.shape[2],
+                                                                                                   device)
+        own.append((keys, values) if fits else None)
+    fresh = grown([layer for layer, buffers in zip(cache.layers, own) if buffers is None], budget)
+    return Cache(layers=[ReadLayer(*(buffers or next(fresh)), layer.keys.shape[2])
+                         for layer, buffers in zip(cache.layers, own)])
+
+
+def grown(layers: list, budget: int):
+    """New keys and values for `layers`, each with room for `budget` more positions (in whole chunks), their
+    filled parts copied in: one buffer per shape for all the layers of that shape, not two per layer, so that a
+    later read of the same shapes is handed the same addresses by the allocator more often (and its captured
+    graph replays: `Kept`). Yields them in the layers' order."""
+    def shape(t):
+        return t.device, t.dtype, *t.shape[:2], in_chunks(t.shape[2] + budget, t.device), t.shape[3]
+
+    made: dict = {}
+    for part in (0, 1):
+        alike = collections.defaultdict(list)
+        for layer in layers:
+            alike[shape((layer.keys, layer.values)[part])].append(layer)
+        for (device, dtype, rows, *dims), group in alike.items():
+            whole = torch.empty(len(group) * rows, *dims, dtype=dtype, device=device)    # as the fast backend's
+            for buffer, layer in zip(whole.split(rows), group):                          # (Placed): one compile
+                filled = (layer.keys, layer.values)[part]
+                buffer[:, :, :filled.shape[2]].copy_(filled)
+                made.setdefault(id(layer), [None, None])[part] = buffer
+    return (tuple(made[id(layer)]) for layer in layers)
 
 
 class EagerStep:

@@ -277,6 +277,22 @@ def test_a_reads_layout_holds_what_the_attention_wraps_fix_and_none_under_a_wrap
         weight.data = kept
 
 
+def test_a_grown_caches_fixed_buffers_are_one_per_shape_holding_what_it_held(llama, tokenizer):
+    """A cache the model grew (text memory's, hidden_prefix's) gets one keys and one values buffer for all of its
+    layers, not two per layer: a later read of the same shapes is more often handed the same addresses, and so
+    replays its graph. Each layer's filled part is its own, the room after it zeroed."""
+    from transformers import DynamicCache
+    ids = torch.tensor([tokenizer("where did the cat sit")["input_ids"]])
+    cache = DynamicCache()
+    with torch.no_grad():
+        llama(input_ids=ids, **{cache_keyword(llama): cache}, use_cache=True)
+    read = fixed(cache, 4)
+    for part in ("keys", "values"):
+        assert len({getattr(layer, part).untyped_storage().data_ptr() for layer in read.layers}) == 1
+        assert all(torch.equal(getattr(new, part)[:, :, :ids.shape[1]], getattr(old, part)) and
+                   not getattr(new, part)[:, :, ids.shape[1]:].any() for new, old in zip(read.layers, cache.layers))
+
+
 def test_a_kept_graph_takes_the_new_reads_lengths_and_position(llama, tokenizer):
     """A read replaying a kept graph runs on that graph's tensors, set to its own lengths and position (the CPU
     captures nothing: the tensors are checked, the graph is the CUDA test's)."""
