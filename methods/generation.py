@@ -92,31 +92,30 @@ def fixed(cache: Cache, budget: int) -> Cache:
         fits = keys is not None and keys.shape[2] >= filled + budget and keys.shape[2] == in_chunks(keys.shape[2],
                                                                                                    device)
         own.append((keys, values) if fits else None)
-    fresh = grown([layer for layer, buffers in zip(cache.layers, own) if buffers is None], budget)
+    needed = [layer for layer, buffers in zip(cache.layers, own) if buffers is None]
+    fresh = zip(grown([layer.keys for layer in needed], budget), grown([layer.values for layer in needed], budget))
     return Cache(layers=[ReadLayer(*(buffers or next(fresh)), layer.keys.shape[2])
                          for layer, buffers in zip(cache.layers, own)])
 
 
-def grown(layers: list, budget: int):
-    """New keys and values for `layers`, each with room for `budget` more positions (in whole chunks), their
-    filled parts copied in: one buffer per shape for all the layers of that shape, not two per layer, so that a
-    later read of the same shapes is handed the same addresses by the allocator more often (and its captured
-    graph replays: `Kept`). Yields them in the layers' order."""
+def grown(filled: list[torch.Tensor], budget: int) -> list[torch.Tensor]:
+    """Buffers [batch, heads, positions, width] with room for `budget` more positions (in whole chunks) after
+    each of `filled`, which is copied in: one buffer per shape for all the layers of that shape, laid out as the
+    fast backend's (Placed: so a compiled step compiles once), not one per layer, so that a later read of the same
+    shapes is handed the same addresses by the allocator more often (and its captured graph replays: `Kept`)."""
     def shape(t):
         return t.device, t.dtype, *t.shape[:2], in_chunks(t.shape[2] + budget, t.device), t.shape[3]
 
-    made: dict = {}
-    for part in (0, 1):
-        alike = collections.defaultdict(list)
-        for layer in layers:
-            alike[shape((layer.keys, layer.values)[part])].append(layer)
-        for (device, dtype, rows, *dims), group in alike.items():
-            whole = torch.empty(len(group) * rows, *dims, dtype=dtype, device=device)    # as the fast backend's
-            for buffer, layer in zip(whole.split(rows), group):                          # (Placed): one compile
-                filled = (layer.keys, layer.values)[part]
-                buffer[:, :, :filled.shape[2]].copy_(filled)
-                made.setdefault(id(layer), [None, None])[part] = buffer
-    return (tuple(made[id(layer)]) for layer in layers)
+    alike = collections.defaultdict(list)
+    for i, t in enumerate(filled):
+        alike[shape(t)].append(i)
+    made = [None] * len(filled)
+    for (device, dtype, rows, *dims), indices in alike.items():
+        whole = torch.empty(len(indices) * rows, *dims, dtype=dtype, device=device)
+        for buffer, i in zip(whole.split(rows), indices):
+            buffer[:, :, :filled[i].shape[2]].copy_(filled[i])
+            made[i] = buffer
+    return made
 
 
 class EagerStep:

@@ -24,14 +24,13 @@ from methods.baselines import NoMemory, TextMemory, Vanilla
 from methods.attention.decoder import cache_keyword
 from methods.errors import ConfigError
 from methods import session as session_module
-from methods.formation import Former
 from methods.generation import CapturedStep, compiled_next_id, default_decode, fixed, greedy, replays
-from methods.memory import LatentMemory
 from methods.memdefrag import MemDefrag
 from methods.peers.ape import APE
 from methods.peers.cacheblend import CacheBlend
 from methods.session import Session
 from tests.conftest import EXPERIMENTS, FRAGMENTS, sweep_points
+from tests.test_host_syncs import PROMPT, formed, llama_of
 
 READS = {"none": (NoMemory, "shared_sink"), "text": (TextMemory, "shared_sink"), "vanilla": (Vanilla, "shared_sink"),
          "top2": (lambda: MemDefrag(2, 1, "mean"), "shared_sink"), "ape": (APE, "shared_prefix"),
@@ -244,14 +243,6 @@ def test_a_read_laid_out_as_the_last_replays_its_graph_and_answers_as_the_eager_
     assert len(captures) == replays(model) == (device == "cuda")
 
 
-def stored(model, tokenizer) -> LatentMemory:
-    """FRAGMENTS formed into a memory, as the fast backend reads it."""
-    former, memory = Former(model, tokenizer, "shared_sink", keep_kv=True), LatentMemory()
-    for text in FRAGMENTS:
-        former.store(memory, text)
-    return memory
-
-
 def test_a_reads_layout_holds_what_the_attention_wraps_fix_and_none_under_a_wrap_that_does_not_say(llama,
                                                                                                      tokenizer):
     """Two APE reads over buffers alike but with other fragment bounds must not share a graph (the bounds are
@@ -260,7 +251,8 @@ def test_a_reads_layout_holds_what_the_attention_wraps_fix_and_none_under_a_wrap
     from methods.attention.parallel import parallel_attention
     from methods.attention.tracing import attention_calls
     from methods.generation import layout
-    cache = fixed(KVPrefixBackend(llama).cache(stored(llama, tokenizer), room=4), 4)
+    backend = KVPrefixBackend(llama)
+    cache = fixed(backend.cache(formed(llama, tokenizer, backend), room=4), 4)
     plain = layout(CapturedStep, llama, cache)
     with parallel_attention(llama, (1, 10), 1.0, 1.0):
         ape = layout(CapturedStep, llama, cache)
@@ -297,7 +289,8 @@ def test_a_kept_graph_takes_the_new_reads_lengths_and_position(llama, tokenizer)
     """A read replaying a kept graph runs on that graph's tensors, set to its own lengths and position (the CPU
     captures nothing: the tensors are checked, the graph is the CUDA test's)."""
     from methods.generation import Kept
-    step = CapturedStep(llama, KVPrefixBackend(llama).cache(stored(llama, tokenizer), room=4), 9, 4)
+    backend = KVPrefixBackend(llama)
+    step = CapturedStep(llama, backend.cache(formed(llama, tokenizer, backend), room=4), 9, 4)
     filled = int(step.cache.layers[0].cumulative_length)
     kept = Kept((), None, torch.zeros(1, 1, dtype=torch.long), torch.full((1, 1), 3),
                 [torch.tensor(0) for _ in step.cache.layers], torch.zeros(1, 1, dtype=torch.long))
@@ -500,8 +493,6 @@ def ops_per_layer(step) -> Counter:
 def test_a_captured_step_runs_per_layer_the_ops_of_transformers_own_static_cache_step(tokenizer):
     """The ~1,450 kernels a step runs on an 8B shape are the model's own: over a prefilled read, CapturedStep adds
     not one op per layer to transformers' StaticCache step (what `decode=compiled` fuses is theirs)."""
-    from tests.test_host_syncs import PROMPT, formed, llama_of
-
     def ours(layers: int) -> Counter:
         model = llama_of(layers)
         backend = KVPrefixBackend(model)

@@ -292,11 +292,12 @@ def timings(answers: list[Answer], updates: int, short: list[Answer]) -> dict:
     seconds = best.seconds
     to_first_token = sum(v for k, v in seconds.items() if k != "decode")
     steady = None
-    for replayed in (True, False):
-        alike = [[answer for answer in asked if answer.replayed == replayed] for asked in (others, short)]
-        if steady is None and all(alike):
-            full, less = (min(asked, key=lambda answer: answer.seconds["decode"]) for asked in alike)
-            steady = 1000 * (full.seconds["decode"] - less.seconds["decode"]) / (full.tokens - less.tokens)
+    pairs = ([[answer for answer in asked if answer.replayed == replayed] for asked in (others, short)]
+             for replayed in (True, False))
+    alike = next((pair for pair in pairs if all(pair)), None)
+    if alike:
+        full, less = (min(asked, key=lambda answer: answer.seconds["decode"]) for asked in alike)
+        steady = 1000 * (full.seconds["decode"] - less.seconds["decode"]) / (full.tokens - less.tokens)
     return {"update_total_s": min(sum(answer.seconds.values()) for answer in after_update), "ttft_s": to_first_token,
             "per_token_ms": 1000 * seconds["decode"] / max(best.tokens - 1, 1), "replayed": best.replayed,
             "steady_per_token_ms": steady,
